@@ -1,0 +1,259 @@
+"""`gpufleet`: serve, migrate, token create/list/revoke, maintain.
+
+Every failure ends in one readable line on stderr and a non-zero exit code, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import NoReturn
+
+from pydantic import ValidationError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
+
+from . import __version__
+from .settings import Settings
+
+
+class CliError(Exception):
+    """A failure to report as one line, with exit code `code`."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    raise CliError(message, code)
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides = {k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None}
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        _fail(f"bad setting GPUFLEET_{str(first['loc'][0]).upper()}: {first['msg']}")
+
+
+def _safe_url(url: str) -> str:
+    return make_url(url).render_as_string(hide_password=True)
+
+
+@contextmanager
+def database(settings: Settings, *, announce: bool = False) -> Iterator[str]:
+    """The configured database URL, or an embedded server started for the duration of the block."""
+    if settings.database_url:
+        yield settings.database_url
+        return
+    from .embedded import EmbeddedPostgres
+
+    embedded = EmbeddedPostgres(settings.data_dir)
+    try:
+        url = embedded.start()
+    except Exception as exc:  # pgserver raises plain exceptions of several kinds
+        _fail(f"could not start the embedded PostgreSQL in {embedded.pgdata}: {exc}".splitlines()[0])
+    if announce:
+        print(f"gpufleet: data in {embedded.pgdata} (embedded PostgreSQL; stops when gpufleet stops)", flush=True)
+    try:
+        yield url
+    finally:
+        embedded.stop()
+
+
+def _migrate(url: str) -> None:
+    from .migrate import upgrade
+
+    upgrade(url)
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived: unwind so the embedded database is stopped on the way out."""
+
+
+def _on_sigterm(_signum: int, _frame: object) -> None:
+    raise _Terminated
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises it; this handler turns that into an unwind.
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+    settings = _settings(args)
+    if settings.host not in ("127.0.0.1", "localhost", "::1"):
+        logging.getLogger("gpufleet").info("listening on %s: put TLS in front (docs/deploy.md)", settings.host)
+    with database(settings, announce=True) as url:
+        _migrate(url)
+        settings = settings.model_copy(update={"database_url": url})
+        shown = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+        print(f"gpufleet: serving on http://{shown}:{settings.port}/ (Ctrl-C stops)", flush=True)
+        if settings.workers > 1:
+            os.environ["GPUFLEET_DATABASE_URL"] = url
+            uvicorn.run("app.asgi:app", host=settings.host, port=settings.port, workers=settings.workers)
+        else:
+            from .main import create_app
+
+            uvicorn.run(create_app(settings), host=settings.host, port=settings.port)
+    print("gpufleet: stopped", flush=True)
+
+
+def _serve(args: argparse.Namespace) -> None:
+    try:
+        cmd_serve(args)
+    except (_Terminated, KeyboardInterrupt):
+        print("gpufleet: stopped", flush=True)
+
+
+def cmd_migrate(args: argparse.Namespace) -> None:
+    settings = _settings(args)
+    from .migrate import head_revision
+
+    with database(settings) as url:
+        _migrate(url)
+        print(f"gpufleet: database {_safe_url(url)} is at schema {head_revision()}")
+
+
+def cmd_maintain(args: argparse.Namespace) -> None:
+    from .db import make_engine
+    from .main import run_upkeep
+
+    settings = _settings(args)
+    with database(settings) as url:
+        engine = make_engine(url, pool_size=1)
+        try:
+            run_upkeep(engine, settings)
+        finally:
+            engine.dispose()
+    print("gpufleet: partitions made ahead and expired ones dropped")
+
+
+def _with_session(args: argparse.Namespace, work: Callable[..., None]) -> None:
+    from .db import make_engine, make_sessionmaker, session_scope
+
+    settings = _settings(args)
+    with database(settings) as url:
+        engine = make_engine(url, pool_size=1)
+        try:
+            with session_scope(make_sessionmaker(engine)) as session:
+                work(session)
+        finally:
+            engine.dispose()
+
+
+def cmd_token_create(args: argparse.Namespace) -> None:
+    from .auth import create_token
+
+    def work(session: object) -> None:
+        try:
+            token, secret = create_token(session, name=args.name, scope=args.scope)  # type: ignore[arg-type]
+        except ValueError as exc:
+            _fail(str(exc))
+        print(secret)
+        print(f"gpufleet: token {token.name!r} (scope {token.scope}) created; the secret above is shown only once",
+              file=sys.stderr)
+
+    _with_session(args, work)
+
+
+def cmd_token_list(args: argparse.Namespace) -> None:
+    from .auth import list_tokens
+
+    def work(session: object) -> None:
+        tokens = list_tokens(session)  # type: ignore[arg-type]
+        print(f"{'ID':>4}  {'NAME':<24} {'SCOPE':<7} {'HINT':<10} {'CREATED':<20} {'LAST USED':<20} STATUS")
+        for t in tokens:
+            status = f"revoked {t.revoked_at:%Y-%m-%d %H:%M}" if t.revoked_at else "active"
+            used = f"{t.last_used_at:%Y-%m-%d %H:%M:%S}" if t.last_used_at else "never"
+            print(f"{t.id:>4}  {t.name:<24} {t.scope:<7} {t.hint + '...':<10} {t.created_at:%Y-%m-%d %H:%M:%S}  "
+                  f"{used:<20} {status}")
+
+    _with_session(args, work)
+
+
+def cmd_token_revoke(args: argparse.Namespace) -> None:
+    from .auth import revoke_token
+
+    def work(session: object) -> None:
+        token = revoke_token(session, args.token, now=datetime.now(UTC))  # type: ignore[arg-type]
+        if token is None:
+            _fail(f"no token named or numbered {args.token!r}")
+        print(f"gpufleet: token {token.name!r} revoked")
+
+    _with_session(args, work)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpufleet", description="gpufleet server: where GPU money goes.")
+    parser.add_argument("--version", action="version", version=f"gpufleet {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def db_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--database-url", help="PostgreSQL URL (default: GPUFLEET_DATABASE_URL, else embedded)")
+        p.add_argument("--data-dir", help="embedded PostgreSQL folder (default: GPUFLEET_DATA_DIR)")
+
+    p = sub.add_parser("serve", help="run the server (starts an embedded PostgreSQL if no database URL)")
+    db_args(p)
+    p.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 8000)")
+    p.add_argument("--workers", type=int, help="worker processes (default 1)")
+    p.set_defaults(func=_serve)
+
+    p = sub.add_parser("migrate", help="apply database migrations")
+    db_args(p)
+    p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser("maintain", help="make partitions ahead and drop expired ones (the server does it too)")
+    db_args(p)
+    p.set_defaults(func=cmd_maintain)
+
+    token = sub.add_parser("token", help="API tokens").add_subparsers(dest="token_command", required=True,
+                                                                        metavar="ACTION")
+    p = token.add_parser("create", help="create a token and print its secret once")
+    db_args(p)
+    p.add_argument("--name", required=True)
+    p.add_argument("--scope", required=True, choices=["ingest", "read", "admin"])
+    p.set_defaults(func=cmd_token_create)
+    p = token.add_parser("list", help="list tokens (secrets are never shown)")
+    db_args(p)
+    p.set_defaults(func=cmd_token_list)
+    p = token.add_parser("revoke", help="revoke a token by name or id")
+    db_args(p)
+    p.add_argument("token", help="token name or id")
+    p.set_defaults(func=cmd_token_revoke)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="gpufleet: %(message)s")
+    for noisy in ("alembic", "pgserver"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except CliError as exc:
+        print(f"gpufleet: {exc}", file=sys.stderr)
+        return exc.code
+    except OperationalError as exc:
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        print(f"gpufleet: cannot reach the database: {reason}", file=sys.stderr)
+        return 2
+    except SQLAlchemyError as exc:
+        print(f"gpufleet: database error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""POST /api/v1/ingest: authenticate, read and check the body, store it in one transaction."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
+
+from ..auth import Caller, authenticate
+from ..db import session_scope
+from ..errors import ApiError
+from ..state import AppState, app_state
+from .parse import check_batch, decode_body, parse_batch, too_large
+from .schemas import ErrorOut, IngestBatchIn, IngestResult
+from .service import DuplicateBatch, batch_days, ingest_batch
+
+router = APIRouter(tags=["ingest"])
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorOut, "description": text}
+    for code, text in {
+        400: "Body is not JSON, or not valid gzip.",
+        401: "Missing, unknown or revoked token.",
+        403: "Token lacks the `ingest` scope.",
+        413: "Body larger than the limit (after gzip is undone).",
+        415: "Unsupported Content-Type or Content-Encoding.",
+        422: "Batch does not follow the schema; `detail` names each field at fault.",
+    }.items()
+}
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _authenticate(state: AppState, authorization: str | None) -> Caller:
+    with session_scope(state.sessions) as session:
+        return authenticate(session, authorization, needed="ingest", now=datetime.now(UTC))
+
+
+def _store(state: AppState, batch: IngestBatchIn, caller: Caller) -> IngestResult:
+    received_at = datetime.now(UTC)
+    state.partitions.ensure(state.engine, batch_days(batch))
+    try:
+        with session_scope(state.sessions) as session:
+            return ingest_batch(
+                session,
+                batch,
+                token_id=caller.token_id,
+                received_at=received_at,
+                mem_held_mib=state.settings.mem_held_mib,
+            )
+    except DuplicateBatch:
+        return IngestResult(status="duplicate", batch_id=batch.batch_id, samples=0)
+
+
+@router.post(
+    "/api/v1/ingest",
+    response_model=IngestResult,
+    summary="Store one batch of utilization samples from an agent",
+    responses=_ERRORS,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "description": "One batch (schema version 1). May be gzip-compressed (`Content-Encoding: gzip`).",
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/IngestBatchIn"}}},
+        }
+    },
+)
+async def ingest(request: Request) -> IngestResult:
+    """Idempotent by `batch_id`: a batch sent again after a lost answer is acknowledged and stored once."""
+    state = app_state(request)
+    caller = await run_in_threadpool(_authenticate, state, request.headers.get("authorization"))
+    content_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if content_type not in ("application/json", ""):
+        raise ApiError(415, f"unsupported Content-Type {content_type!r}: send application/json")
+    limit = state.settings.max_body_bytes
+    body = decode_body(await _read_body(request, limit), request.headers.get("content-encoding"), max_bytes=limit)
+    batch = parse_batch(body)
+    settings = state.settings
+    check_batch(
+        batch,
+        now=datetime.now(UTC),
+        max_future_skew_s=settings.max_future_skew_s,
+        raw_retention_days=settings.raw_retention_days,
+    )
+    return await run_in_threadpool(_store, state, batch, caller)

@@ -1,0 +1,101 @@
+"""Ingest one checked batch: idempotency, inventory, samples and rollups, events. The caller owns the
+transaction (one per batch), so a batch that fails anywhere leaves no row behind."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, timedelta
+
+from sqlalchemy import exists, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.orm import Session
+
+from ..models import IngestBatch
+from ..sources import UTIL_SOURCES
+from ..store.inventory import insert_events, upsert_inventory
+from ..store.samples import StageRow, write_samples
+from .schemas import IngestBatchIn, IngestResult
+
+
+class DuplicateBatch(Exception):
+    """The batch id is already stored; nothing of this request may be kept."""
+
+
+def batch_days(batch: IngestBatchIn) -> set[date]:
+    """UTC days the batch's samples fall on: each needs a samples partition before the COPY."""
+    return {iv.start.astimezone(UTC).date() for iv in batch.intervals if iv.samples}
+
+
+def _time_span(batch: IngestBatchIn, received_at: datetime) -> tuple[datetime, datetime]:
+    if not batch.intervals:
+        return received_at, received_at
+    first = min(iv.start for iv in batch.intervals)
+    last = max(iv.start + timedelta(seconds=iv.duration_s) for iv in batch.intervals)
+    return first.astimezone(UTC), min(last, received_at).astimezone(UTC)
+
+
+def stage_rows(batch: IngestBatchIn, device_ids: dict[str, int]) -> list[StageRow]:
+    rows: list[StageRow] = []
+    append = rows.append
+    for iv in batch.intervals:
+        start = iv.start
+        dur = iv.duration_s
+        for s in iv.samples:
+            append(
+                (
+                    start,
+                    device_ids[s.uuid],
+                    dur,
+                    s.mem_used_mib,
+                    s.util,
+                    s.sm_active,
+                    None if s.power_w is None else round(s.power_w),
+                    None if s.temp_c is None else round(s.temp_c),
+                    s.procs,
+                    UTIL_SOURCES[s.util_source],
+                )
+            )
+    return rows
+
+
+def ingest_batch(
+    session: Session, batch: IngestBatchIn, *, token_id: int | None, received_at: datetime, mem_held_mib: int
+) -> IngestResult:
+    if session.scalar(select(exists().where(IngestBatch.batch_id == batch.batch_id))):
+        return IngestResult(status="duplicate", batch_id=batch.batch_id, samples=0)
+    first, last = _time_span(batch, received_at)
+    inventory = upsert_inventory(session, batch, first=first, last=last)
+    rows = stage_rows(batch, inventory.device_ids)
+    claimed = session.execute(
+        pg_insert(IngestBatch)
+        .values(
+            batch_id=batch.batch_id,
+            instance_pk=inventory.instance_pk,
+            token_id=token_id,
+            received_at=received_at,
+            samples=len(rows),
+            dropped_batches=batch.agent.dropped_batches,
+        )
+        .on_conflict_do_nothing()
+        .returning(IngestBatch.batch_id)
+    ).scalar()
+    if claimed is None:
+        # A concurrent request stored the same batch first; the owner of the transaction rolls ours back.
+        raise DuplicateBatch(batch.batch_id)
+    if rows:
+        write_samples(session, rows, mem_held_mib=mem_held_mib)
+    events = inventory.events + [
+        {"ts": e.ts, "kind": e.kind, "instance_pk": inventory.instance_pk, "device_id": None, "details": e.details}
+        for e in batch.events
+    ]
+    if batch.agent.dropped_batches:
+        events.append(
+            {
+                "ts": received_at,
+                "kind": "agent_dropped_batches",
+                "instance_pk": inventory.instance_pk,
+                "device_id": None,
+                "details": {"count": batch.agent.dropped_batches},
+            }
+        )
+    insert_events(session, events)
+    return IngestResult(status="stored", batch_id=batch.batch_id, samples=len(rows))

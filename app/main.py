@@ -1,0 +1,99 @@
+"""The FastAPI application: routes, error handling, and the partition upkeep that runs beside them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from . import __version__
+from .db import make_engine, make_sessionmaker
+from .errors import ApiError
+from .health import router as health_router
+from .ingest.routes import router as ingest_router
+from .ingest.schemas import ErrorOut, IngestBatchIn
+from .settings import Settings, get_settings
+from .state import AppState
+from .store.partitions import upkeep
+
+log = logging.getLogger("gpufleet")
+
+
+def run_upkeep(engine: Engine, settings: Settings) -> None:
+    with engine.begin() as conn:
+        result = upkeep(
+            conn,
+            now=datetime.now(UTC),
+            raw_retention_days=settings.raw_retention_days,
+            rollup_retention_days=settings.rollup_retention_days,
+            ahead_days=settings.partitions_ahead_days,
+        )
+    if result.created_days or result.dropped:
+        log.info("partitions: created %d day(s), dropped %s", len(result.created_days), result.dropped or "none")
+
+
+async def _upkeep_loop(engine: Engine, settings: Settings) -> None:
+    while True:
+        try:
+            await asyncio.to_thread(run_upkeep, engine, settings)
+        except SQLAlchemyError as exc:
+            log.warning("partition upkeep failed, will retry: %s", exc)
+        await asyncio.sleep(settings.maintenance_interval_s)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    if not settings.database_url:
+        raise RuntimeError("create_app needs settings.database_url; `gpufleet serve` starts a database if unset")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = make_engine(settings.database_url or "", pool_size=settings.db_pool_size)
+        app.state.gpufleet = AppState(settings=settings, engine=engine, sessions=make_sessionmaker(engine))
+        task = asyncio.create_task(_upkeep_loop(engine, settings))
+        try:
+            yield
+        finally:
+            task.cancel()
+            with suppress(asyncio.CancelledError):
+                await task
+            engine.dispose()
+
+    app = FastAPI(
+        title="gpufleet",
+        version=__version__,
+        summary="Where the money of a GPU fleet goes.",
+        lifespan=lifespan,
+    )
+    app.include_router(health_router)
+    app.include_router(ingest_router)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title, version=app.version, summary=app.summary, routes=app.routes
+            )
+            # The ingest body is parsed by hand (gzip, size limit), so its models are added here.
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in (IngestBatchIn, ErrorOut):
+                defs = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(defs.pop("$defs", {}))
+                components[model.__name__] = defs
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app

@@ -1,0 +1,238 @@
+"""Tables. Inventory and tokens are ORM classes; the two time-series tables are Core tables, written in bulk.
+
+Devices (whole GPUs and MIG slices) draw their ids from one sequence, so a sample row names its device with
+one int4 whatever its kind.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    REAL,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    Sequence,
+    SmallInteger,
+    String,
+    Table,
+    Text,
+    Uuid,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+TZ = DateTime(timezone=True)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+device_id_seq = Sequence("device_id_seq", metadata=Base.metadata, start=1)
+
+SCOPES = ("ingest", "read", "admin")
+
+
+class ApiToken(Base):
+    """A bearer token. Only the SHA-256 of the secret is kept; the secret is shown once at creation."""
+
+    __tablename__ = "api_tokens"
+    __table_args__ = (CheckConstraint("scope IN ('ingest', 'read', 'admin')", name="scope"),)
+
+    id: Mapped[int] = mapped_column(Integer, Identity(), primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    scope: Mapped[str] = mapped_column(String(16))
+    secret_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    hint: Mapped[str] = mapped_column(String(16), comment="First characters of the secret, for listings.")
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=text("now()"))
+    last_used_at: Mapped[datetime | None] = mapped_column(TZ)
+    revoked_at: Mapped[datetime | None] = mapped_column(TZ)
+
+
+class Instance(Base):
+    """One host that runs an agent: an EC2 instance, or an on-premises machine named by host id."""
+
+    __tablename__ = "instances"
+    __table_args__ = (
+        CheckConstraint("lifecycle IN ('spot', 'on-demand', 'on-prem')", name="lifecycle"),
+        Index("ix_instances_last_seen", "last_seen"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    instance_id: Mapped[str] = mapped_column(String(128), unique=True)
+    hostname: Mapped[str | None] = mapped_column(String(255))
+    instance_type: Mapped[str | None] = mapped_column(String(64))
+    region: Mapped[str | None] = mapped_column(String(32))
+    availability_zone: Mapped[str | None] = mapped_column(String(32))
+    lifecycle: Mapped[str | None] = mapped_column(String(16))
+    ami_id: Mapped[str | None] = mapped_column(String(64))
+    tags: Mapped[dict[str, str]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    agent_version: Mapped[str | None] = mapped_column(String(32))
+    interval_s: Mapped[float | None] = mapped_column(Float, comment="Agent collection interval, s.")
+    first_seen: Mapped[datetime] = mapped_column(TZ)
+    last_seen: Mapped[datetime] = mapped_column(TZ)
+
+
+class Gpu(Base):
+    """A physical GPU, known by its NVML UUID; `instance_pk` is where it was last seen."""
+
+    __tablename__ = "gpus"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, server_default=device_id_seq.next_value())
+    uuid: Mapped[str] = mapped_column(String(96), unique=True)
+    instance_pk: Mapped[int] = mapped_column(ForeignKey("instances.id", ondelete="CASCADE"), index=True)
+    gpu_index: Mapped[int] = mapped_column(SmallInteger)
+    name: Mapped[str] = mapped_column(String(128))
+    memory_total_mib: Mapped[int | None] = mapped_column(Integer)
+    mig_mode: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    unpartitioned_slices: Mapped[int | None] = mapped_column(
+        SmallInteger, comment="MIG compute slices (of 7) in no GPU instance, as last reported."
+    )
+    util_reason: Mapped[str | None] = mapped_column(Text, comment="Why utilization is absent, if it is.")
+    first_seen: Mapped[datetime] = mapped_column(TZ)
+    updated_at: Mapped[datetime] = mapped_column(TZ)
+
+
+class MigSlice(Base):
+    """A MIG device (GPU instance + compute instance). A reconfigured slot retires the old row."""
+
+    __tablename__ = "mig_slices"
+    __table_args__ = (
+        CheckConstraint("compute_slices BETWEEN 1 AND 7", name="compute_slices"),
+        Index("uq_mig_slices_live_uuid", "uuid", unique=True, postgresql_where=text("retired_at IS NULL")),
+        Index(
+            "uq_mig_slices_live_slot",
+            "gpu_pk",
+            "gpu_instance_id",
+            "compute_instance_id",
+            unique=True,
+            postgresql_where=text("retired_at IS NULL"),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, server_default=device_id_seq.next_value())
+    uuid: Mapped[str] = mapped_column(String(96))
+    gpu_pk: Mapped[int] = mapped_column(ForeignKey("gpus.id", ondelete="CASCADE"), index=True)
+    gpu_instance_id: Mapped[int] = mapped_column(Integer)
+    compute_instance_id: Mapped[int] = mapped_column(Integer)
+    profile: Mapped[str] = mapped_column(String(32))
+    compute_slices: Mapped[int] = mapped_column(SmallInteger, comment="Compute slices out of 7.")
+    memory_total_mib: Mapped[int | None] = mapped_column(Integer)
+    util_reason: Mapped[str | None] = mapped_column(Text, comment="Why utilization is absent, if it is.")
+    first_seen: Mapped[datetime] = mapped_column(TZ)
+    retired_at: Mapped[datetime | None] = mapped_column(TZ)
+
+
+class Event(Base):
+    """Something that happened to the inventory (GPU moved, MIG reconfigured) or that an agent reported."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_instance_pk_ts", "instance_pk", "ts"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    ts: Mapped[datetime] = mapped_column(TZ, index=True)
+    instance_pk: Mapped[int | None] = mapped_column(ForeignKey("instances.id", ondelete="CASCADE"))
+    device_id: Mapped[int | None] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(64))
+    details: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+
+
+class IngestBatch(Base):
+    """One accepted batch, by the id its agent chose: a re-sent batch finds its row and writes nothing."""
+
+    __tablename__ = "ingest_batches"
+    __table_args__ = (Index("ix_ingest_batches_received_at", "received_at"),)
+
+    batch_id: Mapped[Any] = mapped_column(Uuid(as_uuid=True), primary_key=True)
+    instance_pk: Mapped[int] = mapped_column(ForeignKey("instances.id", ondelete="CASCADE"))
+    token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="SET NULL"))
+    received_at: Mapped[datetime] = mapped_column(TZ, server_default=text("now()"))
+    samples: Mapped[int] = mapped_column(Integer)
+    dropped_batches: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+
+
+# Column order is storage order: widest first, so no alignment padding between fields.
+samples = Table(
+    "samples",
+    Base.metadata,
+    Column("ts", TZ, nullable=False, comment="Interval start, UTC."),
+    Column("device_id", Integer, nullable=False),
+    Column("mem_used_mib", Integer, comment="Memory allocated, MiB (NVML v2: reserved memory not counted)."),
+    Column("util", REAL, comment="Mean utilization over the interval, %; NULL when unmeasurable."),
+    Column("sm_active", REAL, comment="Mean SM activity, %, where the hardware gives it."),
+    Column("power_w", SmallInteger, comment="Mean power over the interval, W."),
+    Column("temp_c", SmallInteger, comment="Temperature, degrees C."),
+    Column("procs", SmallInteger, comment="Compute processes on the device."),
+    Column("util_source", SmallInteger, nullable=False, comment="Where util came from: see app.sources."),
+    postgresql_partition_by="RANGE (ts)",
+)
+Index("ix_samples_ts_brin", samples.c.ts, postgresql_using="brin", postgresql_with={"pages_per_range": 32})
+Index(
+    "ix_samples_device_bloom",
+    samples.c.device_id,
+    postgresql_using="brin",
+    postgresql_ops={"device_id": "int4_bloom_ops(n_distinct_per_range = 256)"},
+    postgresql_with={"pages_per_range": 4},
+)
+
+# Fixed utilization bounds (%) of the rollup histogram; later analysis picks its idle threshold among them.
+UTIL_BOUNDS = (1, 5, 10, 25, 50)
+
+
+def _seconds(name: str, comment: str) -> Column[float]:
+    return Column(name, Float, nullable=False, server_default=text("0"), comment=comment)
+
+
+rollups_hourly = Table(
+    "rollups_hourly",
+    Base.metadata,
+    Column("hour", TZ, nullable=False, comment="Start of the UTC hour."),
+    Column("device_id", Integer, nullable=False),
+    _seconds("secs", "Seconds covered by samples."),
+    _seconds("util_known_s", "Seconds with a utilization figure."),
+    _seconds("util_sum", "Sum of utilization x seconds (%*s)."),
+    Column("util_max", REAL),
+    _seconds("sm_known_s", "Seconds with an SM activity figure."),
+    _seconds("sm_sum", "Sum of SM activity x seconds (%*s)."),
+    Column("sm_max", REAL),
+    _seconds("mem_known_s", "Seconds with a memory figure."),
+    _seconds("mem_sum", "Sum of memory used x seconds (MiB*s)."),
+    Column("mem_max", Integer),
+    _seconds("power_known_s", "Seconds with a power figure."),
+    _seconds("power_sum", "Sum of power x seconds (J)."),
+    Column("power_max", SmallInteger),
+    Column("temp_max", SmallInteger),
+    _seconds("no_proc_s", "Seconds with no compute process."),
+    _seconds("mem_held_s", "Seconds with memory used at or above the held bound."),
+    *[_seconds(f"util_lt{b}_s", f"Seconds with utilization under {b}%.") for b in UTIL_BOUNDS],
+    *[
+        _seconds(f"free_lt{b}_s", f"Seconds under {b}% with no process and memory under the held bound.")
+        for b in UTIL_BOUNDS
+    ],
+    PrimaryKeyConstraint("device_id", "hour"),
+    postgresql_partition_by="RANGE (hour)",
+)
+Index("ix_rollups_hourly_hour", rollups_hourly.c.hour)
+
+PARTITIONED_TABLES = ("samples", "rollups_hourly")

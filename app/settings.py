@@ -1,0 +1,52 @@
+"""Server settings: one typed object, read from `GPUFLEET_*` environment variables."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_data_dir() -> Path:
+    """Where the embedded PostgreSQL keeps its files unless `GPUFLEET_DATA_DIR` says otherwise."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "gpufleet"
+
+
+class Settings(BaseSettings):
+    """Every setting of the server; `docs/configuration.md` lists them with their defaults."""
+
+    model_config = SettingsConfigDict(env_prefix="GPUFLEET_", extra="ignore")
+
+    database_url: str | None = Field(
+        default=None,
+        description="PostgreSQL URL (postgresql://user:pass@host:5432/db). Unset: run an embedded server.",
+    )
+    data_dir: Path = Field(default_factory=default_data_dir, description="Embedded PostgreSQL data folder.")
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    workers: int = Field(default=1, ge=1, le=64, description="Server worker processes.")
+
+    raw_retention_days: int = Field(default=14, ge=1, description="Days of raw samples kept (whole days).")
+    rollup_retention_days: int = Field(default=400, ge=1, description="Days of hourly rollups kept.")
+    partitions_ahead_days: int = Field(default=3, ge=1, le=60, description="Daily partitions made ahead.")
+    maintenance_interval_s: float = Field(default=600.0, gt=0, description="Partition upkeep period, s.")
+
+    max_body_bytes: int = Field(
+        default=8 * 1024 * 1024, ge=1024, description="Largest ingest body, bytes, after gzip is undone."
+    )
+    max_future_skew_s: float = Field(
+        default=300.0, ge=0, description="How far past the server clock a sample may start, s."
+    )
+    mem_held_mib: int = Field(
+        default=256, ge=0, description="Memory used at or above this (MiB) counts as held in rollups."
+    )
+    db_pool_size: int = Field(default=10, ge=1)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

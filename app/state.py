@@ -1,0 +1,25 @@
+"""What the running server holds: settings, engine, session factory, known partitions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.requests import Request
+
+from .settings import Settings
+from .store.partitions import PartitionCache
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    engine: Engine
+    sessions: sessionmaker[Session]
+    partitions: PartitionCache = field(default_factory=PartitionCache)
+
+
+def app_state(request: Request) -> AppState:
+    state: AppState = request.app.state.gpufleet
+    return state

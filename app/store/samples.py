@@ -1,0 +1,122 @@
+"""The bulk write path: samples go in with COPY, and the hourly rollups are brought up to date in the same
+transaction, so a 30-day view reads rollups only and never waits for a batch job.
+
+Rows are COPYed into a per-connection temporary staging table; from there one round trip moves them into
+the partitioned `samples` table and folds them into `rollups_hourly` (PostgreSQL does the arithmetic, not
+Python). An interval that straddles an hour boundary counts toward the hour it starts in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from ..models import UTIL_BOUNDS
+
+StageRow = tuple[datetime, int, float, int | None, float | None, float | None, int | None, int | None, int | None, int]
+
+_STAGE_COLUMNS = "ts, device_id, dur, mem_used_mib, util, sm_active, power_w, temp_c, procs, util_source"
+_STAGE_TYPES = ["timestamptz", "int4", "float8", "int4", "float4", "float4", "int2", "int2", "int2", "int2"]
+_STAGE_DDL = (
+    "CREATE TEMP TABLE IF NOT EXISTS ingest_stage (ts timestamptz NOT NULL, device_id int4 NOT NULL, "
+    "dur float8 NOT NULL, mem_used_mib int4, util float4, sm_active float4, power_w int2, temp_c int2, "
+    "procs int2, util_source int2 NOT NULL) ON COMMIT DELETE ROWS"
+)
+_STAGE_READY = "gpufleet_stage_ready"
+
+_SUMS = [
+    "secs",
+    "util_known_s",
+    "util_sum",
+    "sm_known_s",
+    "sm_sum",
+    "mem_known_s",
+    "mem_sum",
+    "power_known_s",
+    "power_sum",
+    "no_proc_s",
+    "mem_held_s",
+    *[f"util_lt{b}_s" for b in UTIL_BOUNDS],
+    *[f"free_lt{b}_s" for b in UTIL_BOUNDS],
+]
+_MAXES = ["util_max", "sm_max", "mem_max", "power_max", "temp_max"]
+
+
+@lru_cache(maxsize=4)
+def _rollup_sql(mem_held_mib: int) -> str:
+    held = f"(mem_used_mib >= {int(mem_held_mib)})"
+    free = f"(coalesce(procs, 0) = 0 AND coalesce(mem_used_mib, 0) < {int(mem_held_mib)})"
+    exprs = {
+        "secs": "sum(dur)",
+        "util_known_s": "sum(dur) FILTER (WHERE util IS NOT NULL)",
+        "util_sum": "sum(util * dur)",
+        "util_max": "max(util)",
+        "sm_known_s": "sum(dur) FILTER (WHERE sm_active IS NOT NULL)",
+        "sm_sum": "sum(sm_active * dur)",
+        "sm_max": "max(sm_active)",
+        "mem_known_s": "sum(dur) FILTER (WHERE mem_used_mib IS NOT NULL)",
+        "mem_sum": "sum(mem_used_mib * dur)",
+        "mem_max": "max(mem_used_mib)",
+        "power_known_s": "sum(dur) FILTER (WHERE power_w IS NOT NULL)",
+        "power_sum": "sum(power_w * dur)",
+        "power_max": "max(power_w)",
+        "temp_max": "max(temp_c)",
+        "no_proc_s": "sum(dur) FILTER (WHERE procs = 0)",
+        "mem_held_s": f"sum(dur) FILTER (WHERE {held})",
+    }
+    for b in UTIL_BOUNDS:
+        exprs[f"util_lt{b}_s"] = f"sum(dur) FILTER (WHERE util < {b})"
+        exprs[f"free_lt{b}_s"] = f"sum(dur) FILTER (WHERE util < {b} AND {free})"
+    names = list(exprs)
+    select_list = ", ".join(
+        f"coalesce({exprs[n]}, 0)" if n in _SUMS else exprs[n] for n in names
+    )
+    updates = [f"{n} = rollups_hourly.{n} + excluded.{n}" for n in _SUMS] + [
+        f"{n} = greatest(rollups_hourly.{n}, excluded.{n})" for n in _MAXES
+    ]
+    return (
+        f"INSERT INTO rollups_hourly (hour, device_id, {', '.join(names)}) "
+        f"SELECT date_trunc('hour', ts), device_id, {select_list} FROM ingest_stage GROUP BY 1, 2 "
+        f"ON CONFLICT (device_id, hour) DO UPDATE SET {', '.join(updates)}"
+    )
+
+
+_MOVE_SQL = (
+    "INSERT INTO samples (ts, device_id, mem_used_mib, util, sm_active, power_w, temp_c, procs, util_source) "
+    "SELECT ts, device_id, mem_used_mib, util, sm_active, power_w, temp_c, procs, util_source FROM ingest_stage"
+)
+
+
+def write_samples(session: Session, rows: Sequence[StageRow] | Iterable[StageRow], *, mem_held_mib: int) -> None:
+    """Store sample rows and fold them into the hourly rollups, inside the session's transaction.
+
+    Each row: (interval start, device id, interval length s, memory used MiB, util %, SM activity %,
+    power W, temperature C, processes, util source code).
+    """
+    dbapi: Any = session.connection().connection
+    info = session.connection().connection.info
+    with dbapi.cursor() as cur:
+        if not info.get(_STAGE_READY):
+            cur.execute(_STAGE_DDL)
+            info[_STAGE_READY] = True
+        with cur.copy(f"COPY ingest_stage ({_STAGE_COLUMNS}) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types(_STAGE_TYPES)
+            for row in rows:
+                copy.write_row(row)
+        cur.execute(_MOVE_SQL + "; " + _rollup_sql(mem_held_mib))
+
+
+def copy_samples_direct(session: Session, rows: Iterable[tuple[Any, ...]]) -> None:
+    """COPY straight into `samples` with no rollups: the physical reference the ingest benchmark compares to."""
+    dbapi: Any = session.connection().connection
+    with dbapi.cursor() as cur, cur.copy(
+        "COPY samples (ts, device_id, mem_used_mib, util, sm_active, power_w, temp_c, procs, util_source) "
+        "FROM STDIN (FORMAT BINARY)"
+    ) as copy:
+        copy.set_types(["timestamptz", "int4", "int4", "float4", "float4", "int2", "int2", "int2", "int2"])
+        for row in rows:
+            copy.write_row(row)
