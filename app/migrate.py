@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
@@ -19,6 +20,11 @@ MIGRATIONS_DIR = Path(migrations.__file__).parent
 
 # Partitions are made at run time by app.store.partitions; they are not part of the declared schema.
 PARTITION_NAME = re.compile(r"^(samples|rollups_hourly)_p\d+")
+
+
+def include_name(name: str | None, type_: str, _parent: Any) -> bool:
+    """Autogenerate filter: partitions (and their indexes) are not part of the declared schema."""
+    return not (type_ == "table" and name is not None and PARTITION_NAME.match(name))
 
 
 def alembic_config(url: str) -> Config:

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from app.migrate import PARTITION_NAME
+from app.migrate import include_name
 from app.models import Base
 
 target_metadata = Base.metadata
-
-
-def include_name(name: str | None, type_: str, _parent: Any) -> bool:
-    return not (type_ == "table" and name is not None and PARTITION_NAME.match(name))
 
 
 def run_migrations() -> None:

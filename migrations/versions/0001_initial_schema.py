@@ -362,9 +362,15 @@ def upgrade() -> None:
             ["gpu_pk"], ["gpus.id"], name=op.f("fk_mig_slices_gpu_pk_gpus"), ondelete="CASCADE"
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_mig_slices")),
-        sa.UniqueConstraint("uuid", name=op.f("uq_mig_slices_uuid")),
     )
     op.create_index(op.f("ix_mig_slices_gpu_pk"), "mig_slices", ["gpu_pk"], unique=False)
+    op.create_index(
+        "uq_mig_slices_live_uuid",
+        "mig_slices",
+        ["uuid"],
+        unique=True,
+        postgresql_where=sa.text("retired_at IS NULL"),
+    )
     op.create_index(
         "uq_mig_slices_live_slot",
         "mig_slices",
@@ -378,6 +384,7 @@ def downgrade() -> None:
     op.drop_index(
         "uq_mig_slices_live_slot", table_name="mig_slices", postgresql_where=sa.text("retired_at IS NULL")
     )
+    op.drop_index("uq_mig_slices_live_uuid", table_name="mig_slices")
     op.drop_index(op.f("ix_mig_slices_gpu_pk"), table_name="mig_slices")
     op.drop_table("mig_slices")
     op.drop_index("ix_ingest_batches_received_at", table_name="ingest_batches")

@@ -1,0 +1,110 @@
+"""Inventory upserts through the ingest API: moves and reconfigurations are recorded, not overwritten."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, text
+
+from tests.app.ingest.test_routes import post
+from tests.factories import batch, gpu, mig_slice, now_floor
+
+
+def events(engine: Engine) -> list[tuple[str, dict[str, Any]]]:
+    with engine.connect() as conn:
+        return [(r.kind, r.details) for r in conn.execute(text("SELECT kind, details FROM events ORDER BY id"))]
+
+
+def test_gpu_moving_to_another_instance_is_recorded(client: TestClient, engine: Engine, ingest_token: str) -> None:
+    g = gpu(0)
+    assert post(client, batch([g], instance_id="i-aaaa"), ingest_token).status_code == 200
+    assert post(client, batch([g], instance_id="i-bbbb"), ingest_token).status_code == 200
+    with engine.connect() as conn:
+        owner = conn.execute(text(
+            "SELECT i.instance_id FROM gpus g JOIN instances i ON i.id = g.instance_pk")).scalar_one()
+        old_pk = conn.execute(text("SELECT id FROM instances WHERE instance_id = 'i-aaaa'")).scalar_one()
+        device_ids = conn.execute(text("SELECT DISTINCT device_id FROM samples")).scalars().all()
+    assert owner == "i-bbbb"
+    assert len(device_ids) == 1  # same device, its history continues
+    assert events(engine) == [("gpu_moved", {"uuid": g["uuid"], "from_instance_pk": old_pk})]
+
+
+def test_mig_reconfiguration_retires_old_slice(client: TestClient, engine: Engine, ingest_token: str) -> None:
+    t0 = now_floor() - timedelta(minutes=10)
+    parent = gpu(0, mig=True, slices=[mig_slice(1, "3g.20gb"), mig_slice(2, "3g.20gb")], unpartitioned=1)
+    assert post(client, batch([parent], start=t0), ingest_token).status_code == 200
+    old_uuid = parent["slices"][1]["uuid"]
+    # Same GPU instance id 2, new profile and new UUID; slot 1 untouched.
+    parent2 = dict(parent, slices=[parent["slices"][0], mig_slice(2, "2g.10gb")], unpartitioned_slices=2)
+    t1 = t0 + timedelta(minutes=5)
+    assert post(client, batch([parent2], start=t1), ingest_token).status_code == 200
+    with engine.connect() as conn:
+        rows = conn.execute(text(
+            "SELECT uuid, profile, compute_slices, retired_at FROM mig_slices WHERE gpu_instance_id = 2 "
+            "ORDER BY id")).all()
+        free = conn.execute(text("SELECT unpartitioned_slices FROM gpus")).scalar_one()
+        per_slice = dict(conn.execute(text(
+            "SELECT m.profile, count(*) FROM samples s JOIN mig_slices m ON m.id = s.device_id "
+            "WHERE m.gpu_instance_id = 2 GROUP BY 1")).all())
+    assert [(r.uuid, r.profile, r.compute_slices) for r in rows] == [
+        (old_uuid, "3g.20gb", 3), (parent2["slices"][1]["uuid"], "2g.10gb", 2)]
+    assert rows[0].retired_at == t1 and rows[1].retired_at is None
+    assert free == 2
+    assert per_slice == {"3g.20gb": 3, "2g.10gb": 3}  # old samples stay with the old profile
+    kinds = events(engine)
+    assert [k for k, _ in kinds] == ["mig_reconfigured"]
+    assert kinds[0][1]["old_profile"] == "3g.20gb" and kinds[0][1]["new_profile"] == "2g.10gb"
+
+
+def test_same_uuid_new_profile_is_a_new_row(client: TestClient, engine: Engine, ingest_token: str) -> None:
+    sl = mig_slice(1, "3g.20gb")
+    parent = gpu(0, mig=True, slices=[sl])
+    assert post(client, batch([parent]), ingest_token).status_code == 200
+    changed = dict(sl, profile="4g.20gb", compute_slices=4)
+    assert post(client, batch([dict(parent, slices=[changed])]), ingest_token).status_code == 200
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT profile, retired_at IS NULL AS live FROM mig_slices ORDER BY id")).all()
+    assert [(r.profile, r.live) for r in rows] == [("3g.20gb", False), ("4g.20gb", True)]
+
+
+def test_removed_slice_is_retired(client: TestClient, engine: Engine, ingest_token: str) -> None:
+    parent = gpu(0, mig=True, slices=[mig_slice(1), mig_slice(2)])
+    assert post(client, batch([parent]), ingest_token).status_code == 200
+    assert post(client, batch([dict(parent, slices=parent["slices"][:1])]), ingest_token).status_code == 200
+    with engine.connect() as conn:
+        live = conn.execute(text("SELECT count(*) FROM mig_slices WHERE retired_at IS NULL")).scalar_one()
+    assert live == 1
+    assert [k for k, _ in events(engine)] == ["mig_slice_removed"]
+
+
+def test_unchanged_inventory_writes_no_events(client: TestClient, engine: Engine, ingest_token: str) -> None:
+    parent = gpu(0, mig=True, slices=[mig_slice(1), mig_slice(2)])
+    for _ in range(3):
+        assert post(client, batch([parent, gpu(1)]), ingest_token).status_code == 200
+    assert events(engine) == []
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM mig_slices")).scalar_one() == 2
+
+
+def test_instance_type_change_is_an_event(client: TestClient, engine: Engine, ingest_token: str) -> None:
+    t0 = now_floor() - timedelta(minutes=30)
+    assert post(client, batch([gpu(0)], start=t0, instance_type="g5.xlarge"), ingest_token).status_code == 200
+    later = batch([gpu(0)], start=t0 + timedelta(minutes=10), instance_type="g5.2xlarge", lifecycle="spot")
+    assert post(client, later, ingest_token).status_code == 200
+    fields = sorted(d["field"] for k, d in events(engine) if k == "instance_changed")
+    assert fields == ["instance_type", "lifecycle"]
+
+
+def test_replayed_old_batch_keeps_newer_identity(client: TestClient, engine: Engine, ingest_token: str) -> None:
+    t0 = now_floor() - timedelta(hours=2)
+    new = batch([gpu(0)], start=t0 + timedelta(hours=1), tags={"team": "new"})
+    old = batch([gpu(0)], start=t0, tags={"team": "old"})
+    assert post(client, new, ingest_token).status_code == 200
+    assert post(client, old, ingest_token).status_code == 200
+    with engine.connect() as conn:
+        row = conn.execute(text("SELECT tags, first_seen, last_seen FROM instances")).one()
+    assert row.tags == {"team": "new"}
+    assert row.first_seen == t0
+    assert row.last_seen == t0 + timedelta(hours=1, seconds=30)

@@ -1,0 +1,53 @@
+"""Partition upkeep: days made ahead and behind, expired days and months dropped whole."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, timedelta
+
+from sqlalchemy import Engine, text
+
+from app.store.partitions import create_day, existing, upkeep
+
+
+def _upkeep(engine: Engine, now: datetime) -> tuple[list[date], list[str]]:
+    with engine.begin() as conn:
+        r = upkeep(conn, now=now, raw_retention_days=14, rollup_retention_days=400, ahead_days=3)
+    return r.created_days, r.dropped
+
+
+def test_every_day_in_retention_and_ahead_has_a_partition(engine: Engine) -> None:
+    now = datetime.now(UTC)
+    _upkeep(engine, now)
+    with engine.connect() as conn:
+        days, months = existing(conn)
+    today = now.date()
+    wanted = {today + timedelta(days=d) for d in range(-14, 4)}
+    assert wanted <= days
+    assert {d.replace(day=1) for d in wanted} <= months
+
+
+def test_expired_partitions_are_dropped(engine: Engine) -> None:
+    now = datetime.now(UTC)
+    old_day = (now - timedelta(days=20)).date()
+    old_month = (now - timedelta(days=430)).date()
+    with engine.begin() as conn:
+        create_day(conn, old_day)
+        create_day(conn, old_month)
+        conn.execute(text("INSERT INTO samples (ts, device_id, util_source) VALUES (:t, 1, 0)"),
+                     {"t": datetime.combine(old_day, datetime.min.time(), UTC)})
+    _created, dropped = _upkeep(engine, now)
+    assert f"samples_p{old_day:%Y%m%d}" in dropped
+    assert f"rollups_hourly_p{old_month:%Y%m}" in dropped
+    with engine.connect() as conn:
+        days, months = existing(conn)
+        assert conn.execute(text("SELECT count(*) FROM samples")).scalar_one() == 0
+    assert old_day not in days and old_month.replace(day=1) not in months
+    # The day at the retention horizon stays: it still holds samples inside the window.
+    assert (now - timedelta(days=14)).date() in days
+
+
+def test_upkeep_is_idempotent(engine: Engine) -> None:
+    now = datetime.now(UTC)
+    _upkeep(engine, now)
+    created, dropped = _upkeep(engine, now)
+    assert created == [] and dropped == []
