@@ -159,8 +159,10 @@ def cmd_token_create(args: argparse.Namespace) -> None:
         except ValueError as exc:
             _fail(str(exc))
         print(secret)
-        print(f"gpufleet: token {token.name!r} (scope {token.scope}) created; the secret above is shown only once",
-              file=sys.stderr)
+        print(
+            f"gpufleet: token {token.name!r} (scope {token.scope}) created; the secret above is shown only once",
+            file=sys.stderr,
+        )
 
     _with_session(args, work)
 
@@ -174,8 +176,10 @@ def cmd_token_list(args: argparse.Namespace) -> None:
         for t in tokens:
             status = f"revoked {t.revoked_at:%Y-%m-%d %H:%M}" if t.revoked_at else "active"
             used = f"{t.last_used_at:%Y-%m-%d %H:%M:%S}" if t.last_used_at else "never"
-            print(f"{t.id:>4}  {t.name:<24} {t.scope:<7} {t.hint + '...':<10} {t.created_at:%Y-%m-%d %H:%M:%S}  "
-                  f"{used:<20} {status}")
+            print(
+                f"{t.id:>4}  {t.name:<24} {t.scope:<7} {t.hint + '...':<10} {t.created_at:%Y-%m-%d %H:%M:%S}  "
+                f"{used:<20} {status}"
+            )
 
     _with_session(args, work)
 
@@ -216,8 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     db_args(p)
     p.set_defaults(func=cmd_maintain)
 
-    token = sub.add_parser("token", help="API tokens").add_subparsers(dest="token_command", required=True,
-                                                                        metavar="ACTION")
+    token = sub.add_parser("token", help="API tokens").add_subparsers(
+        dest="token_command", required=True, metavar="ACTION"
+    )
     p = token.add_parser("create", help="create a token and print its secret once")
     db_args(p)
     p.add_argument("--name", required=True)

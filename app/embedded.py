@@ -31,7 +31,7 @@ class EmbeddedPostgres:
             warnings.simplefilter("ignore")
             import pgserver  # imported here: only the embedded path needs it
 
-            self._server = pgserver.get_server(self.pgdata, cleanup_mode="stop")
+            self._server = pgserver.get_server(self.pgdata, cleanup_mode="stop")  # type: ignore[attr-defined]
         admin_uri: str = self._server.get_uri()
         with psycopg.connect(admin_uri, autocommit=True) as conn:
             if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone() is None:

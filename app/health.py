@@ -24,7 +24,7 @@ def _readiness(state: AppState) -> tuple[bool, dict[str, str | None]]:
         with state.engine.connect() as conn:
             current = current_revision(conn)
     except SQLAlchemyError as exc:
-        reason = str(exc.orig if getattr(exc, "orig", None) else exc).strip().splitlines()[0]
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         return False, {"status": "not ready", "reason": f"database unreachable: {reason}"}
     if current != head:
         return False, {

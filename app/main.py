@@ -83,9 +83,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            schema = get_openapi(
-                title=app.title, version=app.version, summary=app.summary, routes=app.routes
-            )
+            schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
             # The ingest body is parsed by hand (gzip, size limit), so its models are added here.
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             for model in (IngestBatchIn, ErrorOut):

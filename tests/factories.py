@@ -12,8 +12,15 @@ def now_floor(seconds: int = 10) -> datetime:
     return t - timedelta(seconds=t.second % seconds)
 
 
-def gpu(index: int, *, uid: str | None = None, mig: bool = False, slices: list[dict[str, Any]] | None = None,
-        name: str = "NVIDIA A100-SXM4-40GB", unpartitioned: int | None = None) -> dict[str, Any]:
+def gpu(
+    index: int,
+    *,
+    uid: str | None = None,
+    mig: bool = False,
+    slices: list[dict[str, Any]] | None = None,
+    name: str = "NVIDIA A100-SXM4-40GB",
+    unpartitioned: int | None = None,
+) -> dict[str, Any]:
     return {
         "uuid": uid or f"GPU-{uuid.uuid4()}",
         "index": index,
@@ -76,8 +83,13 @@ def batch(
                 samples.append(sample(d, None, power_w=None, temp_c=None))
             else:
                 samples.append(sample(d))
-        ivs.append({"start": (start + timedelta(seconds=duration_s * i)).isoformat(), "duration_s": duration_s,
-                    "samples": samples})
+        ivs.append(
+            {
+                "start": (start + timedelta(seconds=duration_s * i)).isoformat(),
+                "duration_s": duration_s,
+                "samples": samples,
+            }
+        )
     inst = {
         "instance_id": instance_id,
         "hostname": "ip-10-0-0-1",

@@ -65,9 +65,7 @@ def parse_batch(raw: bytes) -> IngestBatchIn:
         raise ApiError(422, "invalid batch", problems) from None
 
 
-def check_batch(
-    batch: IngestBatchIn, *, now: datetime, max_future_skew_s: float, raw_retention_days: int
-) -> None:
+def check_batch(batch: IngestBatchIn, *, now: datetime, max_future_skew_s: float, raw_retention_days: int) -> None:
     """Rules that span fields: every sample names a device of this batch, no time is out of range."""
     problems: list[FieldProblem] = []
     known: set[str] = set()

@@ -35,9 +35,10 @@ class InstanceIn(_In):
     availability_zone: Annotated[str, StringConstraints(max_length=32)] | None = None
     lifecycle: Literal["spot", "on-demand", "on-prem"] | None = None
     ami_id: Annotated[str, StringConstraints(max_length=64)] | None = None
-    tags: dict[Annotated[str, StringConstraints(min_length=1, max_length=128)], Annotated[str, StringConstraints(max_length=256)]] = Field(
-        default_factory=dict, max_length=64, description="EC2 instance tags (key: value)."
-    )
+    tags: dict[
+        Annotated[str, StringConstraints(min_length=1, max_length=128)],
+        Annotated[str, StringConstraints(max_length=256)],
+    ] = Field(default_factory=dict, max_length=64, description="EC2 instance tags (key: value).")
 
 
 class SliceIn(_In):

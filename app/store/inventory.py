@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, insert, select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
@@ -40,6 +40,8 @@ _SLICE_COLUMNS = (
     MigSlice.memory_total_mib,
     MigSlice.util_reason,
 )
+# A row of _SLICE_COLUMNS (typed loosely: SQLAlchemy's Row generics are invariant per column tuple).
+SliceRow = Any
 _INSTANCE_FIELDS = ("hostname", "instance_type", "region", "availability_zone", "lifecycle", "ami_id")
 # Changes to these are worth an event: they change what the instance costs.
 _PRICED_FIELDS = ("instance_type", "lifecycle", "region")
@@ -61,7 +63,9 @@ def upsert_inventory(session: Session, batch: IngestBatchIn, *, first: datetime,
     return result
 
 
-def _event(kind: str, at: datetime, instance_pk: int | None, device_id: int | None = None, **details: Any) -> dict[str, Any]:
+def _event(
+    kind: str, at: datetime, instance_pk: int | None, device_id: int | None = None, **details: Any
+) -> dict[str, Any]:
     return {"ts": at, "kind": kind, "instance_pk": instance_pk, "device_id": device_id, "details": details}
 
 
@@ -84,12 +88,13 @@ def _upsert_instance(
         )
     ).first()
     if row is None:
-        stmt = pg_insert(Instance).values(instance_id=inst.instance_id, first_seen=first, last_seen=last, **values)
         # Two first batches of one new instance can race; the loser just takes the row.
-        stmt = stmt.on_conflict_do_update(
-            index_elements=[Instance.instance_id],
-            set_={"last_seen": Instance.last_seen},
-        ).returning(Instance.id)
+        stmt = (
+            pg_insert(Instance)
+            .values(instance_id=inst.instance_id, first_seen=first, last_seen=last, **values)
+            .on_conflict_do_update(index_elements=[Instance.instance_id], set_={"last_seen": Instance.last_seen})
+            .returning(Instance.id)
+        )
         return int(session.execute(stmt).scalar_one()), []
     events: list[dict[str, Any]] = []
     current = row._mapping
@@ -115,10 +120,9 @@ def _upsert_gpus(session: Session, gpus: list[GpuIn], result: InventoryResult, *
     instance_pk = result.instance_pk
     # Plain rows, not ORM objects: this runs for every batch and nothing here is written back through them.
     existing = {
-        g.uuid: g
-        for g in session.execute(select(*_GPU_COLUMNS).where(Gpu.uuid.in_([gpu.uuid for gpu in gpus])))
+        g.uuid: g for g in session.execute(select(*_GPU_COLUMNS).where(Gpu.uuid.in_([gpu.uuid for gpu in gpus])))
     }
-    live_slices: dict[int, list[Row[Any]]] = {}
+    live_slices: dict[int, list[SliceRow]] = {}
     slice_uuids = [sl.uuid for gpu in gpus for sl in gpu.slices]
     gpu_pks = [g.id for g in existing.values()]
     if gpu_pks or slice_uuids:
@@ -166,7 +170,7 @@ def _sync_slices(
     session: Session,
     gpu: GpuIn,
     gpu_pk: int,
-    live_slices: dict[int, list[Row[Any]]],
+    live_slices: dict[int, list[SliceRow]],
     result: InventoryResult,
     *,
     at: datetime,
@@ -175,11 +179,9 @@ def _sync_slices(
     live = {sl.uuid: sl for sl in live_slices.get(gpu_pk, [])}
     by_slot = {(sl.gpu_instance_id, sl.compute_instance_id): sl for sl in live.values()}
     # Slices reported under this GPU that the database still has live under another one.
-    strays = {
-        sl.uuid: sl for pk, rows in live_slices.items() if pk != gpu_pk for sl in rows
-    }
+    strays = {sl.uuid: sl for pk, rows in live_slices.items() if pk != gpu_pk for sl in rows}
     wanted = {sl.uuid for sl in gpu.slices}
-    to_retire: list[Row[Any]] = []
+    to_retire: list[SliceRow] = []
     new: list[SliceIn] = []
     for sl in gpu.slices:
         row = live.get(sl.uuid)
@@ -230,9 +232,7 @@ def _sync_slices(
                 )
             )
     if to_retire:
-        session.execute(
-            update(MigSlice).where(MigSlice.id.in_([r.id for r in to_retire])).values(retired_at=at)
-        )
+        session.execute(update(MigSlice).where(MigSlice.id.in_([r.id for r in to_retire])).values(retired_at=at))
     for sl in new:
         result.device_ids[sl.uuid] = session.execute(
             insert(MigSlice)
@@ -251,7 +251,7 @@ def _sync_slices(
         ).scalar_one()
 
 
-def _same_slice(row: Row[Any], sl: SliceIn) -> bool:
+def _same_slice(row: SliceRow, sl: SliceIn) -> bool:
     return (row.gpu_instance_id, row.compute_instance_id, row.profile, row.compute_slices) == (
         sl.gpu_instance_id,
         sl.compute_instance_id,

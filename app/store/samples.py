@@ -72,9 +72,7 @@ def _rollup_sql(mem_held_mib: int) -> str:
         exprs[f"util_lt{b}_s"] = f"sum(dur) FILTER (WHERE util < {b})"
         exprs[f"free_lt{b}_s"] = f"sum(dur) FILTER (WHERE util < {b} AND {free})"
     names = list(exprs)
-    select_list = ", ".join(
-        f"coalesce({exprs[n]}, 0)" if n in _SUMS else exprs[n] for n in names
-    )
+    select_list = ", ".join(f"coalesce({exprs[n]}, 0)" if n in _SUMS else exprs[n] for n in names)
     updates = [f"{n} = rollups_hourly.{n} + excluded.{n}" for n in _SUMS] + [
         f"{n} = greatest(rollups_hourly.{n}, excluded.{n})" for n in _MAXES
     ]
@@ -113,10 +111,13 @@ def write_samples(session: Session, rows: Sequence[StageRow] | Iterable[StageRow
 def copy_samples_direct(session: Session, rows: Iterable[tuple[Any, ...]]) -> None:
     """COPY straight into `samples` with no rollups: the physical reference the ingest benchmark compares to."""
     dbapi: Any = session.connection().connection
-    with dbapi.cursor() as cur, cur.copy(
-        "COPY samples (ts, device_id, mem_used_mib, util, sm_active, power_w, temp_c, procs, util_source) "
-        "FROM STDIN (FORMAT BINARY)"
-    ) as copy:
+    with (
+        dbapi.cursor() as cur,
+        cur.copy(
+            "COPY samples (ts, device_id, mem_used_mib, util, sm_active, power_w, temp_c, procs, util_source) "
+            "FROM STDIN (FORMAT BINARY)"
+        ) as copy,
+    ):
         copy.set_types(["timestamptz", "int4", "int4", "float4", "float4", "int2", "int2", "int2", "int2"])
         for row in rows:
             copy.write_row(row)

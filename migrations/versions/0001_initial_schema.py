@@ -62,9 +62,7 @@ def upgrade() -> None:
         sa.Column("interval_s", sa.Float(), nullable=True, comment="Agent collection interval, s."),
         sa.Column("first_seen", sa.DateTime(timezone=True), nullable=False),
         sa.Column("last_seen", sa.DateTime(timezone=True), nullable=False),
-        sa.CheckConstraint(
-            "lifecycle IN ('spot', 'on-demand', 'on-prem')", name=op.f("ck_instances_lifecycle")
-        ),
+        sa.CheckConstraint("lifecycle IN ('spot', 'on-demand', 'on-prem')", name=op.f("ck_instances_lifecycle")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_instances")),
         sa.UniqueConstraint("instance_id", name=op.f("uq_instances_instance_id")),
     )
@@ -245,15 +243,11 @@ def upgrade() -> None:
             nullable=True,
             comment="Mean utilization over the interval, %; NULL when unmeasurable.",
         ),
-        sa.Column(
-            "sm_active", sa.REAL(), nullable=True, comment="Mean SM activity, %, where the hardware gives it."
-        ),
+        sa.Column("sm_active", sa.REAL(), nullable=True, comment="Mean SM activity, %, where the hardware gives it."),
         sa.Column("power_w", sa.SmallInteger(), nullable=True, comment="Mean power over the interval, W."),
         sa.Column("temp_c", sa.SmallInteger(), nullable=True, comment="Temperature, degrees C."),
         sa.Column("procs", sa.SmallInteger(), nullable=True, comment="Compute processes on the device."),
-        sa.Column(
-            "util_source", sa.SmallInteger(), nullable=False, comment="Where util came from: see app.sources."
-        ),
+        sa.Column("util_source", sa.SmallInteger(), nullable=False, comment="Where util came from: see app.sources."),
         postgresql_partition_by="RANGE (ts)",
     )
     op.create_index(
@@ -358,9 +352,7 @@ def upgrade() -> None:
         sa.Column("first_seen", sa.DateTime(timezone=True), nullable=False),
         sa.Column("retired_at", sa.DateTime(timezone=True), nullable=True),
         sa.CheckConstraint("compute_slices BETWEEN 1 AND 7", name=op.f("ck_mig_slices_compute_slices")),
-        sa.ForeignKeyConstraint(
-            ["gpu_pk"], ["gpus.id"], name=op.f("fk_mig_slices_gpu_pk_gpus"), ondelete="CASCADE"
-        ),
+        sa.ForeignKeyConstraint(["gpu_pk"], ["gpus.id"], name=op.f("fk_mig_slices_gpu_pk_gpus"), ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_mig_slices")),
     )
     op.create_index(op.f("ix_mig_slices_gpu_pk"), "mig_slices", ["gpu_pk"], unique=False)
@@ -381,9 +373,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.drop_index(
-        "uq_mig_slices_live_slot", table_name="mig_slices", postgresql_where=sa.text("retired_at IS NULL")
-    )
+    op.drop_index("uq_mig_slices_live_slot", table_name="mig_slices", postgresql_where=sa.text("retired_at IS NULL"))
     op.drop_index("uq_mig_slices_live_uuid", table_name="mig_slices")
     op.drop_index(op.f("ix_mig_slices_gpu_pk"), table_name="mig_slices")
     op.drop_table("mig_slices")

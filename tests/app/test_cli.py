@@ -72,7 +72,10 @@ def _serve(env_extra: dict[str, str], *args: str) -> tuple[subprocess.Popen[str]
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")} | env_extra
     proc = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "serve", "--port", str(port), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
     )
     lines: list[str] = []
     deadline = time.monotonic() + 60
@@ -121,7 +124,7 @@ def test_serve_embedded_starts_and_stops_cleanly(tmp_path: Path, stop_signal: si
 def test_serve_with_database_url_starts_no_embedded(tmp_path: Path, database_url: str) -> None:
     proc, _port, lines = _serve({"GPUFLEET_DATA_DIR": str(tmp_path / "data")}, "--database-url", database_url)
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=30)
+    _out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0
     assert not (tmp_path / "data").exists()
     assert not any("embedded" in line for line in lines)

@@ -34,8 +34,10 @@ def count(engine: Engine, table: str) -> int:
 
 
 def written(engine: Engine) -> dict[str, int]:
-    return {t: count(engine, t) for t in ("instances", "gpus", "mig_slices", "ingest_batches", "samples",
-                                          "rollups_hourly", "events")}
+    return {
+        t: count(engine, t)
+        for t in ("instances", "gpus", "mig_slices", "ingest_batches", "samples", "rollups_hourly", "events")
+    }
 
 
 def mixed_batch(**kw: Any) -> dict[str, Any]:
@@ -53,8 +55,10 @@ def test_stores_batch_and_rows(client: TestClient, engine: Engine, ingest_token:
     assert counts == {"instances": 1, "gpus": 2, "mig_slices": 2, "ingest_batches": 1, "samples": 12, "events": 0}
     with engine.connect() as conn:
         rows = conn.execute(
-            text("SELECT util, util_source, power_w, temp_c, procs, mem_used_mib FROM samples s "
-                 "JOIN mig_slices m ON m.id = s.device_id")
+            text(
+                "SELECT util, util_source, power_w, temp_c, procs, mem_used_mib FROM samples s "
+                "JOIN mig_slices m ON m.id = s.device_id"
+            )
         ).all()
         assert {(r.util, r.util_source, r.power_w, r.temp_c) for r in rows} == {(None, 0, None, None)}
         inst = conn.execute(text("SELECT instance_type, lifecycle, tags FROM instances")).one()
@@ -106,8 +110,9 @@ def test_revoked_token_is_401(client: TestClient, engine: Engine, sessions: sess
     assert r.status_code == 401 and r.json()["error"] == "token revoked"
 
 
-def test_read_token_cannot_ingest_but_admin_can(client: TestClient, engine: Engine,
-                                                sessions: sessionmaker[Session]) -> None:
+def test_read_token_cannot_ingest_but_admin_can(
+    client: TestClient, engine: Engine, sessions: sessionmaker[Session]
+) -> None:
     assert post(client, mixed_batch(), make_token(sessions, "read")).status_code == 403
     assert count(engine, "samples") == 0
     assert post(client, mixed_batch(), make_token(sessions, "admin")).status_code == 200
@@ -115,6 +120,7 @@ def test_read_token_cannot_ingest_but_admin_can(client: TestClient, engine: Engi
 
 def _set(path: str, value: Any) -> Any:
     """A mutation of a valid batch: set the dotted/indexed `path` to `value`."""
+
     def mutate(b: dict[str, Any]) -> None:
         node: Any = b
         parts = path.replace("]", "").replace("[", ".").split(".")
@@ -122,6 +128,7 @@ def _set(path: str, value: Any) -> Any:
             node = node[int(p)] if p.isdigit() else node[p]
         last = parts[-1]
         node[int(last) if last.isdigit() else last] = value
+
     return mutate
 
 
@@ -257,8 +264,15 @@ def test_samples_and_rollups_values(client: TestClient, engine: Engine, ingest_t
 
     def values(uid: str, i: int) -> dict[str, Any]:
         # procs 0 and little memory in the first three intervals: those are "free" seconds.
-        return sample(uid, utils[i], procs=0 if i < 3 else 2, mem_used_mib=10 if i < 3 else 5000,
-                      power_w=100.0 + i, temp_c=40 + i, sm_active=utils[i] / 2)
+        return sample(
+            uid,
+            utils[i],
+            procs=0 if i < 3 else 2,
+            mem_used_mib=10 if i < 3 else 5000,
+            power_w=100.0 + i,
+            temp_c=40 + i,
+            sm_active=utils[i] / 2,
+        )
 
     start = now_floor().replace(minute=0, second=0) - timedelta(hours=1)
     r = post(client, batch([g], start=start, intervals=6, sample_fn=values), ingest_token)
@@ -304,8 +318,13 @@ def test_interval_straddling_hour_counts_in_start_hour(client: TestClient, engin
 def test_agent_events_and_dropped_count(client: TestClient, engine: Engine, ingest_token: str) -> None:
     b = mixed_batch()
     b["agent"]["dropped_batches"] = 3
-    b["events"] = [{"ts": now_floor().isoformat(), "kind": "spot_interruption",
-                    "details": {"action": "terminate", "time": "2026-11-21T10:00:00Z"}}]
+    b["events"] = [
+        {
+            "ts": now_floor().isoformat(),
+            "kind": "spot_interruption",
+            "details": {"action": "terminate", "time": "2026-11-21T10:00:00Z"},
+        }
+    ]
     assert post(client, b, ingest_token).status_code == 200
     with engine.connect() as conn:
         kinds = sorted(conn.execute(text("SELECT kind FROM events")).scalars())

@@ -22,8 +22,9 @@ def test_gpu_moving_to_another_instance_is_recorded(client: TestClient, engine: 
     assert post(client, batch([g], instance_id="i-aaaa"), ingest_token).status_code == 200
     assert post(client, batch([g], instance_id="i-bbbb"), ingest_token).status_code == 200
     with engine.connect() as conn:
-        owner = conn.execute(text(
-            "SELECT i.instance_id FROM gpus g JOIN instances i ON i.id = g.instance_pk")).scalar_one()
+        owner = conn.execute(
+            text("SELECT i.instance_id FROM gpus g JOIN instances i ON i.id = g.instance_pk")
+        ).scalar_one()
         old_pk = conn.execute(text("SELECT id FROM instances WHERE instance_id = 'i-aaaa'")).scalar_one()
         device_ids = conn.execute(text("SELECT DISTINCT device_id FROM samples")).scalars().all()
     assert owner == "i-bbbb"
@@ -41,15 +42,24 @@ def test_mig_reconfiguration_retires_old_slice(client: TestClient, engine: Engin
     t1 = t0 + timedelta(minutes=5)
     assert post(client, batch([parent2], start=t1), ingest_token).status_code == 200
     with engine.connect() as conn:
-        rows = conn.execute(text(
-            "SELECT uuid, profile, compute_slices, retired_at FROM mig_slices WHERE gpu_instance_id = 2 "
-            "ORDER BY id")).all()
+        rows = conn.execute(
+            text(
+                "SELECT uuid, profile, compute_slices, retired_at FROM mig_slices WHERE gpu_instance_id = 2 ORDER BY id"
+            )
+        ).all()
         free = conn.execute(text("SELECT unpartitioned_slices FROM gpus")).scalar_one()
-        per_slice = dict(conn.execute(text(
-            "SELECT m.profile, count(*) FROM samples s JOIN mig_slices m ON m.id = s.device_id "
-            "WHERE m.gpu_instance_id = 2 GROUP BY 1")).all())
+        per_slice = dict(
+            conn.execute(
+                text(
+                    "SELECT m.profile, count(*) FROM samples s JOIN mig_slices m ON m.id = s.device_id "
+                    "WHERE m.gpu_instance_id = 2 GROUP BY 1"
+                )
+            ).all()
+        )
     assert [(r.uuid, r.profile, r.compute_slices) for r in rows] == [
-        (old_uuid, "3g.20gb", 3), (parent2["slices"][1]["uuid"], "2g.10gb", 2)]
+        (old_uuid, "3g.20gb", 3),
+        (parent2["slices"][1]["uuid"], "2g.10gb", 2),
+    ]
     assert rows[0].retired_at == t1 and rows[1].retired_at is None
     assert free == 2
     assert per_slice == {"3g.20gb": 3, "2g.10gb": 3}  # old samples stay with the old profile

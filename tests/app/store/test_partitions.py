@@ -33,8 +33,10 @@ def test_expired_partitions_are_dropped(engine: Engine) -> None:
     with engine.begin() as conn:
         create_day(conn, old_day)
         create_day(conn, old_month)
-        conn.execute(text("INSERT INTO samples (ts, device_id, util_source) VALUES (:t, 1, 0)"),
-                     {"t": datetime.combine(old_day, datetime.min.time(), UTC)})
+        conn.execute(
+            text("INSERT INTO samples (ts, device_id, util_source) VALUES (:t, 1, 0)"),
+            {"t": datetime.combine(old_day, datetime.min.time(), UTC)},
+        )
     _created, dropped = _upkeep(engine, now)
     assert f"samples_p{old_day:%Y%m%d}" in dropped
     assert f"rollups_hourly_p{old_month:%Y%m}" in dropped
