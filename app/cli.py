@@ -64,6 +64,8 @@ def database(settings: Settings, *, announce: bool = False) -> Iterator[str]:
     if announce:
         print(f"gpufleet: data in {embedded.pgdata} (embedded PostgreSQL; stops when gpufleet stops)", flush=True)
     try:
+        # The embedded database is ours: bring its schema up to date whatever the command.
+        _migrate(url)
         yield url
     finally:
         embedded.stop()
@@ -91,7 +93,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     settings = _settings(args)
     if settings.host not in ("127.0.0.1", "localhost", "::1"):
-        logging.getLogger("gpufleet").info("listening on %s: put TLS in front (docs/deploy.md)", settings.host)
+        logging.getLogger("gpufleet").info("listening on %s: put a TLS-terminating proxy in front", settings.host)
     with database(settings, announce=True) as url:
         _migrate(url)
         settings = settings.model_copy(update={"database_url": url})
@@ -99,11 +101,17 @@ def cmd_serve(args: argparse.Namespace) -> None:
         print(f"gpufleet: serving on http://{shown}:{settings.port}/ (Ctrl-C stops)", flush=True)
         if settings.workers > 1:
             os.environ["GPUFLEET_DATABASE_URL"] = url
-            uvicorn.run("app.asgi:app", host=settings.host, port=settings.port, workers=settings.workers)
+            uvicorn.run(
+                "app.asgi:app",
+                host=settings.host,
+                port=settings.port,
+                workers=settings.workers,
+                access_log=settings.access_log,
+            )
         else:
             from .main import create_app
 
-            uvicorn.run(create_app(settings), host=settings.host, port=settings.port)
+            uvicorn.run(create_app(settings), host=settings.host, port=settings.port, access_log=settings.access_log)
     print("gpufleet: stopped", flush=True)
 
 
@@ -172,12 +180,12 @@ def cmd_token_list(args: argparse.Namespace) -> None:
 
     def work(session: object) -> None:
         tokens = list_tokens(session)  # type: ignore[arg-type]
-        print(f"{'ID':>4}  {'NAME':<24} {'SCOPE':<7} {'HINT':<10} {'CREATED':<20} {'LAST USED':<20} STATUS")
+        print(f"{'ID':>4}  {'NAME':<24} {'SCOPE':<7} {'HINT':<11} {'CREATED':<20} {'LAST USED':<20} STATUS")
         for t in tokens:
             status = f"revoked {t.revoked_at:%Y-%m-%d %H:%M}" if t.revoked_at else "active"
             used = f"{t.last_used_at:%Y-%m-%d %H:%M:%S}" if t.last_used_at else "never"
             print(
-                f"{t.id:>4}  {t.name:<24} {t.scope:<7} {t.hint + '...':<10} {t.created_at:%Y-%m-%d %H:%M:%S}  "
+                f"{t.id:>4}  {t.name:<24} {t.scope:<7} {t.hint + '...':<11} {t.created_at:%Y-%m-%d %H:%M:%S}  "
                 f"{used:<20} {status}"
             )
 

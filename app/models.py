@@ -187,13 +187,18 @@ samples = Table(
     Column("util_source", SmallInteger, nullable=False, comment="Where util came from: see app.sources."),
     postgresql_partition_by="RANGE (ts)",
 )
-Index("ix_samples_ts_brin", samples.c.ts, postgresql_using="brin", postgresql_with={"pages_per_range": 32})
+Index(
+    "ix_samples_ts_brin",
+    samples.c.ts,
+    postgresql_using="brin",
+    postgresql_with={"pages_per_range": 32, "autosummarize": "on"},
+)
 Index(
     "ix_samples_device_bloom",
     samples.c.device_id,
     postgresql_using="brin",
     postgresql_ops={"device_id": "int4_bloom_ops(n_distinct_per_range = 256)"},
-    postgresql_with={"pages_per_range": 4},
+    postgresql_with={"pages_per_range": 4, "autosummarize": "on"},
 )
 
 # Fixed utilization bounds (%) of the rollup histogram; later analysis picks its idle threshold among them.

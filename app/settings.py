@@ -6,7 +6,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -26,9 +26,16 @@ class Settings(BaseSettings):
         description="PostgreSQL URL (postgresql://user:pass@host:5432/db). Unset: run an embedded server.",
     )
     data_dir: Path = Field(default_factory=default_data_dir, description="Embedded PostgreSQL data folder.")
+
+    @field_validator("data_dir")
+    @classmethod
+    def _expand_home(cls, value: Path) -> Path:
+        return value.expanduser()
+
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     workers: int = Field(default=1, ge=1, le=64, description="Server worker processes.")
+    access_log: bool = Field(default=False, description="Log every HTTP request (one line each).")
 
     raw_retention_days: int = Field(default=14, ge=1, description="Days of raw samples kept (whole days).")
     rollup_retention_days: int = Field(default=400, ge=1, description="Days of hourly rollups kept.")

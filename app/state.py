@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.requests import Request
 
 from .settings import Settings
+from .store.inventory import InventoryCache
 from .store.partitions import PartitionCache
 
 
@@ -18,6 +19,7 @@ class AppState:
     engine: Engine
     sessions: sessionmaker[Session]
     partitions: PartitionCache = field(default_factory=PartitionCache)
+    inventory: InventoryCache = field(default_factory=InventoryCache)
 
 
 def app_state(request: Request) -> AppState:

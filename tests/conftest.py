@@ -82,6 +82,9 @@ def _empty_tables(request: pytest.FixtureRequest) -> Iterator[None]:
         eng: Engine = request.getfixturevalue("engine")
         with eng.begin() as conn:
             conn.execute(text(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE"))
+    if "client" in request.fixturenames:
+        # Ids the server remembers refer to rows that are gone now.
+        request.getfixturevalue("client").app.state.gpufleet.inventory.clear()
 
 
 @pytest.fixture

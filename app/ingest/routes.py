@@ -6,14 +6,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
+from starlette.datastructures import Headers
 from starlette.concurrency import run_in_threadpool
 
-from ..auth import Caller, authenticate
+from ..auth import authenticate
 from ..db import session_scope
 from ..errors import ApiError
 from ..state import AppState, app_state
 from .parse import check_batch, decode_body, parse_batch, too_large
-from .schemas import ErrorOut, IngestBatchIn, IngestResult
+from .schemas import ErrorOut, IngestResult
 from .service import DuplicateBatch, batch_days, ingest_batch
 
 router = APIRouter(tags=["ingest"])
@@ -45,25 +46,36 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _authenticate(state: AppState, authorization: str | None) -> Caller:
-    with session_scope(state.sessions) as session:
-        return authenticate(session, authorization, needed="ingest", now=datetime.now(UTC))
-
-
-def _store(state: AppState, batch: IngestBatchIn, caller: Caller) -> IngestResult:
-    received_at = datetime.now(UTC)
-    state.partitions.ensure(state.engine, batch_days(batch))
+def _handle(state: AppState, headers: Headers, body: bytes) -> IngestResult:
+    """Everything after the body is read, in one worker thread and one transaction."""
+    settings = state.settings
+    now = datetime.now(UTC)
     try:
         with session_scope(state.sessions) as session:
-            return ingest_batch(
+            # The token is checked before the body is even decompressed.
+            caller = authenticate(session, headers.get("authorization"), needed="ingest", now=now)
+            raw = decode_body(body, headers.get("content-encoding"), max_bytes=settings.max_body_bytes)
+            batch = parse_batch(raw)
+            check_batch(
+                batch,
+                now=now,
+                max_future_skew_s=settings.max_future_skew_s,
+                raw_retention_days=settings.raw_retention_days,
+            )
+            # Partitions are made on their own connection: DDL here would block every other writer.
+            state.partitions.ensure(state.engine, batch_days(batch))
+            stored = ingest_batch(
                 session,
                 batch,
                 token_id=caller.token_id,
-                received_at=received_at,
-                mem_held_mib=state.settings.mem_held_mib,
+                received_at=now,
+                mem_held_mib=settings.mem_held_mib,
+                known=state.inventory,
             )
     except DuplicateBatch:
         return IngestResult(status="duplicate", batch_id=batch.batch_id, samples=0)
+    state.inventory.put(batch.instance.instance_id, stored.fingerprint, stored.inventory)
+    return stored.result
 
 
 @router.post(
@@ -82,18 +94,9 @@ def _store(state: AppState, batch: IngestBatchIn, caller: Caller) -> IngestResul
 async def ingest(request: Request) -> IngestResult:
     """Idempotent by `batch_id`: a batch sent again after a lost answer is acknowledged and stored once."""
     state = app_state(request)
-    caller = await run_in_threadpool(_authenticate, state, request.headers.get("authorization"))
     content_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     if content_type not in ("application/json", ""):
         raise ApiError(415, f"unsupported Content-Type {content_type!r}: send application/json")
-    limit = state.settings.max_body_bytes
-    body = decode_body(await _read_body(request, limit), request.headers.get("content-encoding"), max_bytes=limit)
-    batch = parse_batch(body)
-    settings = state.settings
-    check_batch(
-        batch,
-        now=datetime.now(UTC),
-        max_future_skew_s=settings.max_future_skew_s,
-        raw_retention_days=settings.raw_retention_days,
-    )
-    return await run_in_threadpool(_store, state, batch, caller)
+    body = await _read_body(request, state.settings.max_body_bytes)
+    result: IngestResult = await run_in_threadpool(_handle, state, request.headers, body)
+    return result

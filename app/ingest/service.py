@@ -3,6 +3,7 @@ transaction (one per batch), so a batch that fails anywhere leaves no row behind
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
 from sqlalchemy import exists, select
@@ -11,7 +12,14 @@ from sqlalchemy.orm import Session
 
 from ..models import IngestBatch
 from ..sources import UTIL_SOURCES
-from ..store.inventory import insert_events, upsert_inventory
+from ..store.inventory import (
+    InventoryCache,
+    InventoryResult,
+    insert_events,
+    inventory_fingerprint,
+    touch_instance,
+    upsert_inventory,
+)
 from ..store.samples import StageRow, write_samples
 from .schemas import IngestBatchIn, IngestResult
 
@@ -57,30 +65,37 @@ def stage_rows(batch: IngestBatchIn, device_ids: dict[str, int]) -> list[StageRo
     return rows
 
 
+@dataclass(frozen=True)
+class Stored:
+    result: IngestResult
+    inventory: InventoryResult
+    fingerprint: str
+
+
 def ingest_batch(
-    session: Session, batch: IngestBatchIn, *, token_id: int | None, received_at: datetime, mem_held_mib: int
-) -> IngestResult:
-    if session.scalar(select(exists().where(IngestBatch.batch_id == batch.batch_id))):
-        return IngestResult(status="duplicate", batch_id=batch.batch_id, samples=0)
+    session: Session,
+    batch: IngestBatchIn,
+    *,
+    token_id: int | None,
+    received_at: datetime,
+    mem_held_mib: int,
+    known: InventoryCache | None = None,
+) -> Stored:
+    """Store the batch; raise DuplicateBatch if its id is already stored. `known` is only read here: the
+    caller records the inventory in it once the transaction has committed."""
     first, last = _time_span(batch, received_at)
-    inventory = upsert_inventory(session, batch, first=first, last=last)
+    fingerprint = inventory_fingerprint(batch)
+    cached = known.get(batch.instance.instance_id, fingerprint) if known is not None else None
+    if cached is not None:
+        inventory = InventoryResult(instance_pk=cached.instance_pk, device_ids=cached.device_ids)
+        _claim(session, batch, inventory.instance_pk, token_id, received_at)
+        touch_instance(session, inventory.instance_pk, first=first, last=last)
+    else:
+        if session.scalar(select(exists().where(IngestBatch.batch_id == batch.batch_id))):
+            raise DuplicateBatch(batch.batch_id)
+        inventory = upsert_inventory(session, batch, first=first, last=last)
+        _claim(session, batch, inventory.instance_pk, token_id, received_at)
     rows = stage_rows(batch, inventory.device_ids)
-    claimed = session.execute(
-        pg_insert(IngestBatch)
-        .values(
-            batch_id=batch.batch_id,
-            instance_pk=inventory.instance_pk,
-            token_id=token_id,
-            received_at=received_at,
-            samples=len(rows),
-            dropped_batches=batch.agent.dropped_batches,
-        )
-        .on_conflict_do_nothing()
-        .returning(IngestBatch.batch_id)
-    ).scalar()
-    if claimed is None:
-        # A concurrent request stored the same batch first; the owner of the transaction rolls ours back.
-        raise DuplicateBatch(batch.batch_id)
     if rows:
         write_samples(session, rows, mem_held_mib=mem_held_mib)
     events = inventory.events + [
@@ -98,4 +113,24 @@ def ingest_batch(
             }
         )
     insert_events(session, events)
-    return IngestResult(status="stored", batch_id=batch.batch_id, samples=len(rows))
+    result = IngestResult(status="stored", batch_id=batch.batch_id, samples=len(rows))
+    return Stored(result=result, inventory=inventory, fingerprint=fingerprint)
+
+
+def _claim(session: Session, batch: IngestBatchIn, instance_pk: int, token_id: int | None, at: datetime) -> None:
+    """Insert the batch's idempotency row; a conflict means the batch is stored already (or being stored)."""
+    claimed = session.execute(
+        pg_insert(IngestBatch)
+        .values(
+            batch_id=batch.batch_id,
+            instance_pk=instance_pk,
+            token_id=token_id,
+            received_at=at,
+            samples=sum(len(iv.samples) for iv in batch.intervals),
+            dropped_batches=batch.agent.dropped_batches,
+        )
+        .on_conflict_do_nothing()
+        .returning(IngestBatch.batch_id)
+    ).scalar()
+    if claimed is None:
+        raise DuplicateBatch(batch.batch_id)

@@ -7,11 +7,14 @@ one, so samples already stored stay tied to the profile they were taken under.
 
 from __future__ import annotations
 
+import hashlib
+import threading
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
@@ -263,3 +266,59 @@ def _same_slice(row: SliceRow, sl: SliceIn) -> bool:
 def insert_events(session: Session, events: list[dict[str, Any]]) -> None:
     if events:
         session.execute(insert(Event), events)
+
+
+def inventory_fingerprint(batch: IngestBatchIn) -> str:
+    """A digest of everything upsert_inventory reads from a batch: equal digests, nothing to upsert."""
+    parts = [batch.instance.model_dump_json(), batch.agent.version or "", repr(batch.agent.interval_s)]
+    parts += [g.model_dump_json() for g in batch.gpus]
+    return hashlib.blake2b("\n".join(parts).encode(), digest_size=16).hexdigest()
+
+
+@dataclass(frozen=True)
+class KnownInventory:
+    fingerprint: str
+    instance_pk: int
+    device_ids: dict[str, int]
+    expires: float
+
+
+class InventoryCache:
+    """Per-process memory of each instance's last stored inventory, so a batch from an agent whose hardware
+    did not change skips the inventory queries. Entries are written only after a commit, and expire, which
+    bounds how long a change made through another server process can go unseen here."""
+
+    def __init__(self, ttl_s: float = 300.0) -> None:
+        self.ttl_s = ttl_s
+        self._entries: dict[str, KnownInventory] = {}
+        self._lock = threading.Lock()
+
+    def get(self, instance_id: str, fingerprint: str) -> KnownInventory | None:
+        with self._lock:
+            entry = self._entries.get(instance_id)
+        if entry is None or entry.fingerprint != fingerprint or entry.expires < time.monotonic():
+            return None
+        return entry
+
+    def put(self, instance_id: str, fingerprint: str, result: InventoryResult) -> None:
+        entry = KnownInventory(fingerprint, result.instance_pk, dict(result.device_ids), time.monotonic() + self.ttl_s)
+        with self._lock:
+            if result.events:
+                # Something moved: whatever other instances this process remembers may be stale now.
+                self._entries.clear()
+            self._entries[instance_id] = entry
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+def touch_instance(session: Session, instance_pk: int, *, first: datetime, last: datetime) -> None:
+    session.execute(
+        update(Instance)
+        .where(Instance.id == instance_pk)
+        .values(
+            last_seen=func.greatest(Instance.last_seen, last),
+            first_seen=func.least(Instance.first_seen, first),
+        )
+    )

@@ -257,7 +257,7 @@ def upgrade() -> None:
         unique=False,
         postgresql_using="brin",
         postgresql_ops={"device_id": "int4_bloom_ops(n_distinct_per_range = 256)"},
-        postgresql_with={"pages_per_range": 4},
+        postgresql_with={"pages_per_range": 4, "autosummarize": "on"},
     )
     op.create_index(
         "ix_samples_ts_brin",
@@ -265,7 +265,7 @@ def upgrade() -> None:
         ["ts"],
         unique=False,
         postgresql_using="brin",
-        postgresql_with={"pages_per_range": 32},
+        postgresql_with={"pages_per_range": 32, "autosummarize": "on"},
     )
     op.create_table(
         "events",
@@ -388,14 +388,14 @@ def downgrade() -> None:
         "ix_samples_ts_brin",
         table_name="samples",
         postgresql_using="brin",
-        postgresql_with={"pages_per_range": 32},
+        postgresql_with={"pages_per_range": 32, "autosummarize": "on"},
     )
     op.drop_index(
         "ix_samples_device_bloom",
         table_name="samples",
         postgresql_using="brin",
         postgresql_ops={"device_id": "int4_bloom_ops(n_distinct_per_range = 256)"},
-        postgresql_with={"pages_per_range": 4},
+        postgresql_with={"pages_per_range": 4, "autosummarize": "on"},
     )
     op.drop_table("samples")
     op.drop_index("ix_rollups_hourly_hour", table_name="rollups_hourly")
