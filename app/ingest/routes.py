@@ -6,15 +6,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
-from starlette.datastructures import Headers
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
 
 from ..auth import authenticate
 from ..db import session_scope
 from ..errors import ApiError
 from ..state import AppState, app_state
 from .parse import check_batch, decode_body, parse_batch, too_large
-from .schemas import ErrorOut, IngestResult
+from .schemas import ErrorOut, IngestBatchIn, IngestResult
 from .service import DuplicateBatch, batch_days, ingest_batch
 
 router = APIRouter(tags=["ingest"])
@@ -46,33 +46,44 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def _parse(state: AppState, headers: Headers, body: bytes, now: datetime) -> IngestBatchIn:
+    settings = state.settings
+    raw = decode_body(body, headers.get("content-encoding"), max_bytes=settings.max_body_bytes)
+    batch = parse_batch(raw)
+    check_batch(
+        batch, now=now, max_future_skew_s=settings.max_future_skew_s, raw_retention_days=settings.raw_retention_days
+    )
+    return batch
+
+
 def _handle(state: AppState, headers: Headers, body: bytes) -> IngestResult:
     """Everything after the body is read, in one worker thread and one transaction."""
-    settings = state.settings
     now = datetime.now(UTC)
+    batch: IngestBatchIn | None = None
+    problem: ApiError | None = None
+    try:
+        batch = _parse(state, headers, body, now)
+        # Before the session opens: a thread must never hold one pooled connection while waiting for another.
+        state.partitions.ensure(state.engine, batch_days(batch))
+    except ApiError as exc:
+        problem = exc
     try:
         with session_scope(state.sessions) as session:
-            # The token is checked before the body is even decompressed.
             caller = authenticate(session, headers.get("authorization"), needed="ingest", now=now)
-            raw = decode_body(body, headers.get("content-encoding"), max_bytes=settings.max_body_bytes)
-            batch = parse_batch(raw)
-            check_batch(
-                batch,
-                now=now,
-                max_future_skew_s=settings.max_future_skew_s,
-                raw_retention_days=settings.raw_retention_days,
-            )
-            # Partitions are made on their own connection: DDL here would block every other writer.
-            state.partitions.ensure(state.engine, batch_days(batch))
+            # Only an authenticated caller learns what is wrong with its batch.
+            if problem is not None:
+                raise problem
+            assert batch is not None
             stored = ingest_batch(
                 session,
                 batch,
                 token_id=caller.token_id,
                 received_at=now,
-                mem_held_mib=settings.mem_held_mib,
+                mem_held_mib=state.settings.mem_held_mib,
                 known=state.inventory,
             )
     except DuplicateBatch:
+        assert batch is not None
         return IngestResult(status="duplicate", batch_id=batch.batch_id, samples=0)
     state.inventory.put(batch.instance.instance_id, stored.fingerprint, stored.inventory)
     return stored.result

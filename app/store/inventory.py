@@ -59,10 +59,12 @@ class InventoryResult:
 
 def upsert_inventory(session: Session, batch: IngestBatchIn, *, first: datetime, last: datetime) -> InventoryResult:
     """Bring instances/gpus/mig_slices in line with the batch; `first`/`last` bound its samples in time."""
-    instance_pk, events = _upsert_instance(session, batch, first=first, last=last)
+    instance_pk, events, is_newest = _upsert_instance(session, batch, first=first, last=last)
     result = InventoryResult(instance_pk=instance_pk, device_ids={}, events=events)
-    if batch.gpus:
+    if batch.gpus and is_newest:
         _upsert_gpus(session, batch.gpus, result, at=first)
+    elif batch.gpus:
+        _map_replayed(session, batch.gpus, result, last=last)
     return result
 
 
@@ -82,7 +84,8 @@ def _instance_values(inst: InstanceIn, batch: IngestBatchIn) -> dict[str, Any]:
 
 def _upsert_instance(
     session: Session, batch: IngestBatchIn, *, first: datetime, last: datetime
-) -> tuple[int, list[dict[str, Any]]]:
+) -> tuple[int, list[dict[str, Any]], bool]:
+    """The instance's row id, events for priced changes, and whether this batch is the newest seen."""
     inst = batch.instance
     values = _instance_values(inst, batch)
     row = session.execute(
@@ -98,7 +101,7 @@ def _upsert_instance(
             .on_conflict_do_update(index_elements=[Instance.instance_id], set_={"last_seen": Instance.last_seen})
             .returning(Instance.id)
         )
-        return int(session.execute(stmt).scalar_one()), []
+        return int(session.execute(stmt).scalar_one()), [], True
     events: list[dict[str, Any]] = []
     current = row._mapping
     changed = {k: v for k, v in values.items() if current[k] != v}
@@ -116,7 +119,53 @@ def _upsert_instance(
                 events.append(_event("instance_changed", first, row.id, field=k, old=current[k], new=changed[k]))
     if update_values:
         session.execute(update(Instance).where(Instance.id == row.id).values(**update_values))
-    return int(row.id), events
+    return int(row.id), events, is_newest
+
+
+def _map_replayed(session: Session, gpus: list[GpuIn], result: InventoryResult, *, last: datetime) -> None:
+    """A batch older than what is stored (an agent replaying its spool): tie its samples to the devices they
+    were taken on and change nothing, so a replay cannot undo a move or a MIG reconfiguration seen since."""
+    known_gpus: dict[str, int] = {
+        uuid: gpu_id
+        for uuid, gpu_id in session.execute(select(Gpu.uuid, Gpu.id).where(Gpu.uuid.in_([g.uuid for g in gpus])))
+    }
+    slice_uuids = [sl.uuid for g in gpus for sl in g.slices]
+    known_slices: dict[str, int] = {}
+    if slice_uuids:
+        # Retired rows count too; for a UUID seen more than once, the latest row wins.
+        for uuid, slice_id in session.execute(
+            select(MigSlice.uuid, MigSlice.id).where(MigSlice.uuid.in_(slice_uuids)).order_by(MigSlice.id)
+        ):
+            known_slices[uuid] = slice_id
+    for gpu in gpus:
+        if gpu.uuid not in known_gpus:
+            # Never seen at all: nothing newer to protect, so store it as any new GPU.
+            _upsert_gpus(session, [gpu], result, at=last)
+            continue
+        gpu_pk = known_gpus[gpu.uuid]
+        result.device_ids[gpu.uuid] = gpu_pk
+        for sl in gpu.slices:
+            if sl.uuid in known_slices:
+                result.device_ids[sl.uuid] = known_slices[sl.uuid]
+                continue
+            # A slice of a layout that is already gone: keep it, retired, so its samples have a device.
+            slice_id = session.execute(
+                insert(MigSlice)
+                .values(
+                    uuid=sl.uuid,
+                    gpu_pk=gpu_pk,
+                    gpu_instance_id=sl.gpu_instance_id,
+                    compute_instance_id=sl.compute_instance_id,
+                    profile=sl.profile,
+                    compute_slices=sl.compute_slices,
+                    memory_total_mib=sl.memory_total_mib,
+                    util_reason=sl.util_unavailable_reason,
+                    first_seen=last,
+                    retired_at=last,
+                )
+                .returning(MigSlice.id)
+            ).scalar_one()
+            result.device_ids[sl.uuid] = slice_id
 
 
 def _upsert_gpus(session: Session, gpus: list[GpuIn], result: InventoryResult, *, at: datetime) -> None:

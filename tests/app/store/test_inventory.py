@@ -118,3 +118,29 @@ def test_replayed_old_batch_keeps_newer_identity(client: TestClient, engine: Eng
     assert row.tags == {"team": "new"}
     assert row.first_seen == t0
     assert row.last_seen == t0 + timedelta(hours=1, seconds=30)
+
+
+def test_replayed_old_batch_does_not_undo_reconfiguration(
+    client: TestClient, engine: Engine, ingest_token: str
+) -> None:
+    t0 = now_floor() - timedelta(hours=1)
+    old_layout = gpu(0, mig=True, slices=[mig_slice(1, "3g.20gb"), mig_slice(2, "3g.20gb")])
+    new_layout = dict(old_layout, slices=[mig_slice(1, "7g.40gb")])
+    unseen_old = dict(old_layout, slices=[mig_slice(1, "4g.20gb")])
+    assert post(client, batch([old_layout], start=t0), ingest_token).status_code == 200
+    assert post(client, batch([new_layout], start=t0 + timedelta(minutes=30)), ingest_token).status_code == 200
+    before = events(engine)
+    # Spool replay: batches taken before the reconfiguration arrive after it.
+    assert post(client, batch([old_layout], start=t0 + timedelta(minutes=1)), ingest_token).status_code == 200
+    assert post(client, batch([unseen_old], start=t0 + timedelta(minutes=2)), ingest_token).status_code == 200
+    assert events(engine) == before
+    with engine.connect() as conn:
+        live = conn.execute(text("SELECT profile FROM mig_slices WHERE retired_at IS NULL")).scalars().all()
+        per_profile = {
+            profile: n
+            for profile, n in conn.execute(
+                text("SELECT m.profile, count(*) FROM samples s JOIN mig_slices m ON m.id = s.device_id GROUP BY 1")
+            )
+        }
+    assert live == ["7g.40gb"]
+    assert per_profile == {"3g.20gb": 12, "7g.40gb": 3, "4g.20gb": 3}
