@@ -149,22 +149,7 @@ def _map_replayed(session: Session, gpus: list[GpuIn], result: InventoryResult, 
                 result.device_ids[sl.uuid] = known_slices[sl.uuid]
                 continue
             # A slice of a layout that is already gone: keep it, retired, so its samples have a device.
-            slice_id = session.execute(
-                insert(MigSlice)
-                .values(
-                    uuid=sl.uuid,
-                    gpu_pk=gpu_pk,
-                    gpu_instance_id=sl.gpu_instance_id,
-                    compute_instance_id=sl.compute_instance_id,
-                    profile=sl.profile,
-                    compute_slices=sl.compute_slices,
-                    memory_total_mib=sl.memory_total_mib,
-                    util_reason=sl.util_unavailable_reason,
-                    first_seen=last,
-                    retired_at=last,
-                )
-                .returning(MigSlice.id)
-            ).scalar_one()
+            slice_id = _insert_slice(session, sl, gpu_pk, first_seen=last, retired_at=last)
             result.device_ids[sl.uuid] = slice_id
 
 
@@ -286,7 +271,14 @@ def _sync_slices(
     if to_retire:
         session.execute(update(MigSlice).where(MigSlice.id.in_([r.id for r in to_retire])).values(retired_at=at))
     for sl in new:
-        result.device_ids[sl.uuid] = session.execute(
+        result.device_ids[sl.uuid] = _insert_slice(session, sl, gpu_pk, first_seen=at)
+
+
+def _insert_slice(
+    session: Session, sl: SliceIn, gpu_pk: int, *, first_seen: datetime, retired_at: datetime | None = None
+) -> int:
+    return int(
+        session.execute(
             insert(MigSlice)
             .values(
                 uuid=sl.uuid,
@@ -297,10 +289,12 @@ def _sync_slices(
                 compute_slices=sl.compute_slices,
                 memory_total_mib=sl.memory_total_mib,
                 util_reason=sl.util_unavailable_reason,
-                first_seen=at,
+                first_seen=first_seen,
+                retired_at=retired_at,
             )
             .returning(MigSlice.id)
         ).scalar_one()
+    )
 
 
 def _same_slice(row: SliceRow, sl: SliceIn) -> bool:
