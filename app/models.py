@@ -92,6 +92,15 @@ class Instance(Base):
     interval_s: Mapped[float | None] = mapped_column(Float, comment="Agent collection interval, s.")
     first_seen: Mapped[datetime] = mapped_column(TZ)
     last_seen: Mapped[datetime] = mapped_column(TZ)
+    # Added by migration 0002, which appends them: declared in that order so models and migrations agree.
+    price_usd_per_hour: Mapped[float | None] = mapped_column(
+        Float, comment="Price configured on the agent (on-premises hosts), USD per hour."
+    )
+    agent_errors: Mapped[dict[str, int]] = mapped_column(
+        JSONB,
+        server_default=text("'{}'::jsonb"),
+        comment="NVML call failures per 'call:reason' in the newest batch, count since the agent's previous batch.",
+    )
 
 
 class Gpu(Base):
@@ -172,7 +181,9 @@ class IngestBatch(Base):
     dropped_batches: Mapped[int] = mapped_column(Integer, server_default=text("0"))
 
 
-# Column order is storage order: widest first, so no alignment padding between fields.
+# Column order is storage order: widest first, so no alignment padding between fields. ALTER TABLE can only
+# append, so columns added later form their own widest-first group after the first, which ends on an 8-byte
+# boundary.
 samples = Table(
     "samples",
     Base.metadata,
@@ -185,6 +196,11 @@ samples = Table(
     Column("temp_c", SmallInteger, comment="Temperature, degrees C."),
     Column("procs", SmallInteger, comment="Compute processes on the device."),
     Column("util_source", SmallInteger, nullable=False, comment="Where util came from: see app.sources."),
+    # Migration 0002: figures for charts and health checks, not rolled up.
+    Column("gr_active", REAL, comment="Mean graphics-engine activity over the interval, % (NVML GPM)."),
+    Column("ecc_uncorrected", Integer, comment="Volatile uncorrected ECC errors since the driver loaded, count."),
+    Column("procs_mem_mib", Integer, comment="Memory held by the device's compute processes, MiB."),
+    Column("sm_clock_mhz", SmallInteger, comment="SM clock at the interval end, MHz."),
     postgresql_partition_by="RANGE (ts)",
 )
 Index(

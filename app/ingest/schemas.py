@@ -39,6 +39,13 @@ class InstanceIn(_In):
         Annotated[str, StringConstraints(min_length=1, max_length=128)],
         Annotated[str, StringConstraints(max_length=256)],
     ] = Field(default_factory=dict, max_length=64, description="EC2 instance tags (key: value).")
+    price_usd_per_hour: float | None = Field(
+        default=None,
+        ge=0,
+        le=10000,
+        description="Price of the whole host set on its agent (GPUFLEET_AGENT_PRICE_USD_PER_HOUR), USD per hour; "
+        "usually null on EC2, where the server's catalog prices the instance type.",
+    )
 
 
 class SliceIn(_In):
@@ -48,7 +55,12 @@ class SliceIn(_In):
     gpu_instance_id: int = Field(ge=0, le=0xFFFF)
     compute_instance_id: int = Field(ge=0, le=0xFFFF)
     profile: Annotated[str, StringConstraints(min_length=1, max_length=32)] = Field(examples=["3g.40gb"])
-    compute_slices: int = Field(ge=1, le=7, description="Compute slices of its GPU instance, out of 7.")
+    compute_slices: int = Field(
+        ge=1,
+        le=7,
+        description="Compute slices (of 7) of this compute instance; the whole GPU instance's "
+        "unless several compute instances share it.",
+    )
     memory_total_mib: int | None = Field(default=None, ge=0)
     util_unavailable_reason: Annotated[str, StringConstraints(max_length=500)] | None = None
 
@@ -79,6 +91,16 @@ class SampleIn(_In):
     power_w: float | None = Field(default=None, ge=0, le=30000, description="Mean power, W.")
     temp_c: float | None = Field(default=None, ge=-100, le=300, description="Temperature, degrees C.")
     procs: int | None = Field(default=None, ge=0, le=32767, description="Compute processes.")
+    gr_active: Percent | None = Field(
+        default=None, description="Mean graphics-engine activity over the interval, % (NVML GPM, Hopper and newer)."
+    )
+    sm_clock_mhz: int | None = Field(default=None, ge=0, le=10000, description="SM clock at the interval end, MHz.")
+    ecc_uncorrected: int | None = Field(
+        default=None, ge=0, le=2**31 - 1, description="Volatile uncorrected ECC errors since the driver loaded, count."
+    )
+    procs_mem_mib: int | None = Field(
+        default=None, ge=0, le=2**31 - 1, description="Memory held by the device's compute processes, MiB."
+    )
 
     @model_validator(mode="after")
     def _source_matches(self) -> SampleIn:
@@ -108,6 +130,16 @@ class AgentIn(_In):
     interval_s: float | None = Field(default=None, gt=0, le=3600, description="Collection interval, s.")
     dropped_batches: int = Field(
         default=0, ge=0, description="Batches the agent's spool dropped since its last accepted batch."
+    )
+    errors: dict[
+        Annotated[str, StringConstraints(min_length=1, max_length=96)],
+        Annotated[int, Field(ge=0, le=2**31 - 1)],
+    ] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="NVML call failures since the agent's previous batch, count per 'call:reason' key "
+        "(e.g. 'nvmlDeviceGetPowerUsage:not_supported').",
+        examples=[{"nvmlDeviceGetPowerUsage:not_supported": 6}],
     )
 
 

@@ -60,6 +60,10 @@ def stage_rows(batch: IngestBatchIn, device_ids: dict[str, int]) -> list[StageRo
                     None if s.temp_c is None else round(s.temp_c),
                     s.procs,
                     UTIL_SOURCES[s.util_source],
+                    s.gr_active,
+                    s.ecc_uncorrected,
+                    s.procs_mem_mib,
+                    s.sm_clock_mhz,
                 )
             )
     return rows
@@ -89,7 +93,7 @@ def ingest_batch(
     if cached is not None:
         inventory = InventoryResult(instance_pk=cached.instance_pk, device_ids=cached.device_ids)
         _claim(session, batch, inventory.instance_pk, token_id, received_at)
-        touch_instance(session, inventory.instance_pk, first=first, last=last)
+        touch_instance(session, inventory.instance_pk, first=first, last=last, agent_errors=batch.agent.errors)
     else:
         if session.scalar(select(exists().where(IngestBatch.batch_id == batch.batch_id))):
             raise DuplicateBatch(batch.batch_id)

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import case, func, insert, literal, select, update
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
@@ -45,9 +46,17 @@ _SLICE_COLUMNS = (
 )
 # A row of _SLICE_COLUMNS (typed loosely: SQLAlchemy's Row generics are invariant per column tuple).
 SliceRow = Any
-_INSTANCE_FIELDS = ("hostname", "instance_type", "region", "availability_zone", "lifecycle", "ami_id")
+_INSTANCE_FIELDS = (
+    "hostname",
+    "instance_type",
+    "region",
+    "availability_zone",
+    "lifecycle",
+    "ami_id",
+    "price_usd_per_hour",
+)
 # Changes to these are worth an event: they change what the instance costs.
-_PRICED_FIELDS = ("instance_type", "lifecycle", "region")
+_PRICED_FIELDS = ("instance_type", "lifecycle", "region", "price_usd_per_hour")
 
 
 @dataclass
@@ -55,12 +64,14 @@ class InventoryResult:
     instance_pk: int
     device_ids: dict[str, int]
     events: list[dict[str, Any]] = field(default_factory=list)
+    # False for a replayed older batch: its inventory was not applied, so it must not be cached as stored.
+    newest: bool = True
 
 
 def upsert_inventory(session: Session, batch: IngestBatchIn, *, first: datetime, last: datetime) -> InventoryResult:
     """Bring instances/gpus/mig_slices in line with the batch; `first`/`last` bound its samples in time."""
     instance_pk, events, is_newest = _upsert_instance(session, batch, first=first, last=last)
-    result = InventoryResult(instance_pk=instance_pk, device_ids={}, events=events)
+    result = InventoryResult(instance_pk=instance_pk, device_ids={}, events=events, newest=is_newest)
     if batch.gpus and is_newest:
         _upsert_gpus(session, batch.gpus, result, at=first)
     elif batch.gpus:
@@ -79,6 +90,7 @@ def _instance_values(inst: InstanceIn, batch: IngestBatchIn) -> dict[str, Any]:
     values["tags"] = dict(inst.tags)
     values["agent_version"] = batch.agent.version
     values["interval_s"] = batch.agent.interval_s
+    values["agent_errors"] = dict(batch.agent.errors)
     return values
 
 
@@ -312,7 +324,10 @@ def insert_events(session: Session, events: list[dict[str, Any]]) -> None:
 
 
 def inventory_fingerprint(batch: IngestBatchIn) -> str:
-    """A digest of everything upsert_inventory reads from a batch: equal digests, nothing to upsert."""
+    """A digest of everything upsert_inventory reads from a batch: equal digests, nothing to upsert.
+
+    The agent's error counts are left out: they change from batch to batch, and touch_instance stores them.
+    """
     parts = [batch.instance.model_dump_json(), batch.agent.version or "", repr(batch.agent.interval_s)]
     parts += [g.model_dump_json() for g in batch.gpus]
     return hashlib.blake2b("\n".join(parts).encode(), digest_size=16).hexdigest()
@@ -344,6 +359,9 @@ class InventoryCache:
         return entry
 
     def put(self, instance_id: str, fingerprint: str, result: InventoryResult) -> None:
+        if not result.newest:
+            # The entry from the newest batch, if any, still describes what is stored.
+            return
         entry = KnownInventory(fingerprint, result.instance_pk, dict(result.device_ids), time.monotonic() + self.ttl_s)
         with self._lock:
             if result.events:
@@ -356,12 +374,18 @@ class InventoryCache:
             self._entries.clear()
 
 
-def touch_instance(session: Session, instance_pk: int, *, first: datetime, last: datetime) -> None:
+def touch_instance(
+    session: Session, instance_pk: int, *, first: datetime, last: datetime, agent_errors: dict[str, int]
+) -> None:
+    """Widen the instance's time span and store the batch's error counts unless it is an older replay; for a
+    batch whose inventory fingerprint is unchanged."""
+    newest = Instance.last_seen <= last  # SET expressions read the row as it was, so this is before the update
     session.execute(
         update(Instance)
         .where(Instance.id == instance_pk)
         .values(
             last_seen=func.greatest(Instance.last_seen, last),
             first_seen=func.least(Instance.first_seen, first),
+            agent_errors=case((newest, literal(agent_errors, JSONB)), else_=Instance.agent_errors),
         )
     )

@@ -17,14 +17,54 @@ from sqlalchemy.orm import Session
 
 from ..models import UTIL_BOUNDS
 
-StageRow = tuple[datetime, int, float, int | None, float | None, float | None, int | None, int | None, int | None, int]
+# Fields in _STAGE_COLUMNS order.
+StageRow = tuple[
+    datetime,
+    int,
+    float,
+    int | None,
+    float | None,
+    float | None,
+    int | None,
+    int | None,
+    int | None,
+    int,
+    float | None,
+    int | None,
+    int | None,
+    int | None,
+]
 
-_STAGE_COLUMNS = "ts, device_id, dur, mem_used_mib, util, sm_active, power_w, temp_c, procs, util_source"
-_STAGE_TYPES = ["timestamptz", "int4", "float8", "int4", "float4", "float4", "int2", "int2", "int2", "int2"]
+# The columns that go on from the staging table into `samples` unchanged, in its storage order.
+_SAMPLE_COLUMNS = (
+    "ts, device_id, mem_used_mib, util, sm_active, power_w, temp_c, procs, util_source, "
+    "gr_active, ecc_uncorrected, procs_mem_mib, sm_clock_mhz"
+)
+_STAGE_COLUMNS = (
+    "ts, device_id, dur, mem_used_mib, util, sm_active, power_w, temp_c, procs, util_source, "
+    "gr_active, ecc_uncorrected, procs_mem_mib, sm_clock_mhz"
+)
+_STAGE_TYPES = [
+    "timestamptz",
+    "int4",
+    "float8",
+    "int4",
+    "float4",
+    "float4",
+    "int2",
+    "int2",
+    "int2",
+    "int2",
+    "float4",
+    "int4",
+    "int4",
+    "int2",
+]
 _STAGE_DDL = (
     "CREATE TEMP TABLE IF NOT EXISTS ingest_stage (ts timestamptz NOT NULL, device_id int4 NOT NULL, "
     "dur float8 NOT NULL, mem_used_mib int4, util float4, sm_active float4, power_w int2, temp_c int2, "
-    "procs int2, util_source int2 NOT NULL) ON COMMIT DELETE ROWS"
+    "procs int2, util_source int2 NOT NULL, gr_active float4, ecc_uncorrected int4, procs_mem_mib int4, "
+    "sm_clock_mhz int2) ON COMMIT DELETE ROWS"
 )
 _STAGE_READY = "gpufleet_stage_ready"
 
@@ -83,17 +123,15 @@ def _rollup_sql(mem_held_mib: int) -> str:
     )
 
 
-_MOVE_SQL = (
-    "INSERT INTO samples (ts, device_id, mem_used_mib, util, sm_active, power_w, temp_c, procs, util_source) "
-    "SELECT ts, device_id, mem_used_mib, util, sm_active, power_w, temp_c, procs, util_source FROM ingest_stage"
-)
+_MOVE_SQL = f"INSERT INTO samples ({_SAMPLE_COLUMNS}) SELECT {_SAMPLE_COLUMNS} FROM ingest_stage"
 
 
 def write_samples(session: Session, rows: Sequence[StageRow] | Iterable[StageRow], *, mem_held_mib: int) -> None:
     """Store sample rows and fold them into the hourly rollups, inside the session's transaction.
 
     Each row: (interval start, device id, interval length s, memory used MiB, util %, SM activity %,
-    power W, temperature C, processes, util source code).
+    power W, temperature C, processes, util source code, graphics activity %, uncorrected ECC errors,
+    process memory MiB, SM clock MHz).
     """
     dbapi: Any = session.connection().connection
     info = session.connection().connection.info
@@ -109,7 +147,12 @@ def write_samples(session: Session, rows: Sequence[StageRow] | Iterable[StageRow
 
 
 def copy_samples_direct(session: Session, rows: Iterable[tuple[Any, ...]]) -> None:
-    """COPY straight into `samples` with no rollups: the physical reference the ingest benchmark compares to."""
+    """COPY straight into `samples` with no rollups: the physical reference the ingest benchmark compares to.
+
+    Each row: (interval start, device id, memory used MiB, util %, SM activity %, power W, temperature C,
+    processes, util source code); the columns added in migration 0002 stay NULL, as they do for the
+    benchmark's load, which does not send them.
+    """
     dbapi: Any = session.connection().connection
     with (
         dbapi.cursor() as cur,

@@ -22,12 +22,13 @@ def test_readyz_when_ready(client: TestClient) -> None:
 
 def test_readyz_when_schema_is_behind(client: TestClient, engine: Engine) -> None:
     with engine.begin() as conn:
+        current = conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one()
         conn.execute(text("UPDATE alembic_version SET version_num = 'older'"))
     try:
         r = client.get("/readyz")
     finally:
         with engine.begin() as conn:
-            conn.execute(text("UPDATE alembic_version SET version_num = '0001'"))
+            conn.execute(text("UPDATE alembic_version SET version_num = :v"), {"v": current})
     assert r.status_code == 503
     assert "gpufleet migrate" in r.json()["reason"]
 

@@ -1,0 +1,127 @@
+"""What one collection interval produces: the hardware layout and one reading per GPU and per MIG slice."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class SliceInfo:
+    """A MIG device: one compute instance inside one GPU instance."""
+
+    uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str
+    compute_slices: int
+    memory_total_mib: int | None
+    util_unavailable_reason: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return _strip(
+            {
+                "uuid": self.uuid,
+                "gpu_instance_id": self.gpu_instance_id,
+                "compute_instance_id": self.compute_instance_id,
+                "profile": self.profile,
+                "compute_slices": self.compute_slices,
+                "memory_total_mib": self.memory_total_mib,
+                "util_unavailable_reason": self.util_unavailable_reason,
+            }
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """A physical GPU and, in MIG mode, its slices and the compute slices that belong to no GPU instance."""
+
+    uuid: str
+    index: int
+    name: str
+    memory_total_mib: int | None
+    mig_mode: bool
+    unpartitioned_slices: int | None
+    util_unavailable_reason: str | None
+    slices: tuple[SliceInfo, ...] = ()
+
+    def to_wire(self) -> dict[str, Any]:
+        wire = _strip(
+            {
+                "uuid": self.uuid,
+                "index": self.index,
+                "name": self.name,
+                "memory_total_mib": self.memory_total_mib,
+                "mig_mode": self.mig_mode,
+                "unpartitioned_slices": self.unpartitioned_slices,
+                "util_unavailable_reason": self.util_unavailable_reason,
+            }
+        )
+        wire["slices"] = [s.to_wire() for s in self.slices]
+        return wire
+
+
+@dataclass(slots=True)
+class Reading:
+    """One device (GPU or slice) over one interval. None means not measured, never 0.
+
+    util and sm_active/gr_active in %, memory in MiB, power in W (interval mean), temperature in degrees C,
+    SM clock in MHz, ECC as a count since driver load.
+    """
+
+    uuid: str
+    util: float | None = None
+    util_source: str = "none"
+    sm_active: float | None = None
+    gr_active: float | None = None
+    mem_used_mib: int | None = None
+    power_w: float | None = None
+    temp_c: int | None = None
+    sm_clock_mhz: int | None = None
+    ecc_uncorrected: int | None = None
+    procs: int | None = None
+    procs_mem_mib: int | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        wire: dict[str, Any] = {"uuid": self.uuid, "util_source": self.util_source}
+        for name in _READING_FIGURES:
+            value = getattr(self, name)
+            if value is not None:
+                wire[name] = round(value, 2) if isinstance(value, float) else value
+        return wire
+
+
+_READING_FIGURES = (
+    "util",
+    "sm_active",
+    "gr_active",
+    "mem_used_mib",
+    "power_w",
+    "temp_c",
+    "sm_clock_mhz",
+    "ecc_uncorrected",
+    "procs",
+    "procs_mem_mib",
+)
+
+
+@dataclass(slots=True)
+class Interval:
+    """Everything collected for one interval: start (UTC), length in s, layout, and one reading per device."""
+
+    start: datetime
+    duration_s: float
+    gpus: tuple[GpuInfo, ...]
+    readings: list[Reading] = field(default_factory=list)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "start": self.start.isoformat().replace("+00:00", "Z"),
+            "duration_s": round(self.duration_s, 3),
+            "samples": [r.to_wire() for r in self.readings],
+        }
+
+
+def _strip(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}

@@ -1,0 +1,170 @@
+"""`gpufleet-agent doctor`: one line per check, for the person baking an AMI or debugging a host.
+
+The token check posts an empty document to the ingest URL: the server authenticates before it validates,
+so a good token earns a 422 (nothing stored) and a bad one a 401 or 403.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from . import __version__
+from .config import AgentConfig, ConfigError
+from .send import Poster
+
+SAMPLE_S = 1.0  # a short interval, long enough for GPM's 100 ms minimum and a few buffer samples
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    message: str
+
+
+def run_checks(config: AgentConfig) -> Iterator[Check]:
+    yield from _nvml_checks(config)
+    yield _identity_check(config)
+    yield _spool_check(config)
+    yield from _server_checks(config)
+
+
+def _nvml_checks(config: AgentConfig) -> Iterator[Check]:
+    from .collect import Collector
+    from .nvml import Absent, Nvml, NvmlUnavailable, load_library
+
+    try:
+        nvml = Nvml.open(load_library(config.fake_nvml))
+    except NvmlUnavailable as exc:
+        yield Check("NVML", False, str(exc))
+        return
+    try:
+        driver, cuda = nvml.driver_version(), nvml.cuda_version()
+        fake = f" (simulated: {config.fake_nvml})" if config.fake_nvml else ""
+        yield Check(
+            "NVML",
+            True,
+            f"driver {'unknown' if isinstance(driver, Absent) else driver}, "
+            f"CUDA {'unknown' if isinstance(cuda, Absent) else cuda}{fake}",
+        )
+        collector = Collector(nvml)
+        try:
+            collector.start()
+            time.sleep(SAMPLE_S)
+            interval = collector.collect()
+        finally:
+            collector.close()
+        gpus = interval.gpus
+        if not gpus:
+            yield Check("GPUs", False, "NVML sees no GPU")
+            return
+        names = Counter(g.name for g in gpus)
+        mig = [g for g in gpus if g.mig_mode]
+        slices = sum(len(g.slices) for g in gpus)
+        free = sum(g.unpartitioned_slices or 0 for g in mig)
+        summary = ", ".join(f"{n} x {name}" for name, n in names.items())
+        if mig:
+            summary += f"; {len(mig)} in MIG mode with {slices} slices, {free} compute slices unpartitioned"
+        yield Check("GPUs", True, summary)
+        sources = Counter(r.util_source for r in interval.readings if r.util is not None)
+        missing = [r for r in interval.readings if r.util is None]
+        reasons = Counter(
+            reason
+            for g in gpus
+            for reason in [g.util_unavailable_reason, *(s.util_unavailable_reason for s in g.slices)]
+            if reason
+        )
+        parts = [f"{source} on {n}" for source, n in sorted(sources.items())]
+        if missing:
+            top = "; ".join(f"{n} x {why}" for why, n in reasons.most_common(2))
+            parts.append(f"absent on {len(missing)} ({top})" if top else f"absent on {len(missing)}")
+        yield Check("Utilization", bool(sources) or not missing, ", ".join(parts) or "no devices")
+        errors = nvml.take_errors()
+        if errors:
+            worst = ", ".join(f"{k} x{v}" for k, v in Counter(errors).most_common(3))
+            yield Check("NVML calls", True, f"{sum(errors.values())} failed calls, reported as absent: {worst}")
+    finally:
+        nvml.close()
+
+
+def _identity_check(config: AgentConfig) -> Check:
+    from .identify import IdentityResolver, IdentityUnavailable
+
+    resolver = IdentityResolver(config)
+    try:
+        resolver.identity()
+    except IdentityUnavailable as exc:
+        return Check("Identity", False, str(exc))
+    return Check("Identity", True, resolver.describe())
+
+
+def _spool_check(config: AgentConfig) -> Check:
+    spool_dir = config.spool_dir
+    try:
+        spool_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        probe = spool_dir / ".doctor-probe"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as exc:
+        return Check("Spool", False, f"{spool_dir} is not writable: {exc.strerror or exc}")
+    waiting = [p for p in spool_dir.glob("*.gz")]
+    size = sum(p.stat().st_size for p in waiting)
+    rejected = len(list((spool_dir / "rejected").glob("*.gz"))) if (spool_dir / "rejected").is_dir() else 0
+    message = f"{spool_dir} writable, {len(waiting)} batches waiting ({size // 1024} KiB)"
+    if rejected:
+        message += f", {rejected} rejected by the server (see {spool_dir / 'rejected'})"
+    return Check("Spool", True, message)
+
+
+def _server_checks(config: AgentConfig) -> Iterator[Check]:
+    if config.server_url is None or config.ingest_url is None:
+        yield Check("Server", False, "GPUFLEET_AGENT_SERVER_URL is not set")
+        return
+    try:
+        context = ssl.create_default_context(cafile=str(config.ca_bundle) if config.ca_bundle else None)
+    except (OSError, ssl.SSLError) as exc:
+        yield Check("Server", False, f"cannot load the CA bundle {config.ca_bundle}: {exc}")
+        return
+    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context))
+    health = config.server_url + "/healthz"
+    try:
+        with opener.open(
+            urllib.request.Request(health, headers={"User-Agent": f"gpufleet-agent/{__version__}"}),
+            timeout=config.http_timeout_s,
+        ) as response:
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        yield Check("Server", False, f"{config.server_url} not reachable: {getattr(exc, 'reason', exc)}")
+        return
+    if status != 200:
+        yield Check("Server", False, f"{health} answered HTTP {status}: is this a gpufleet server?")
+        return
+    yield Check("Server", True, f"{config.server_url} reachable")
+    try:
+        token = config.bearer_token()
+    except ConfigError as exc:
+        yield Check("Token", False, str(exc))
+        return
+    if not token:
+        yield Check("Token", False, "no token: set GPUFLEET_AGENT_TOKEN or GPUFLEET_AGENT_TOKEN_FILE")
+        return
+    poster = Poster(config.ingest_url, token, ca_bundle=config.ca_bundle, timeout_s=config.http_timeout_s)
+    outcome = poster.post(json.dumps({}).encode(), gzipped=False)
+    if outcome.status == 401:
+        yield Check("Token", False, "the server does not know this token (HTTP 401)")
+    elif outcome.status == 403:
+        yield Check("Token", False, "the token lacks the ingest scope (HTTP 403)")
+    elif outcome.status in (400, 422):
+        yield Check("Token", True, "accepted for ingest")
+    else:
+        detail = f"HTTP {outcome.status}" if outcome.status else outcome.message
+        yield Check("Token", False, f"could not check the token: {detail}")

@@ -1,0 +1,265 @@
+"""The durable spool: nothing collected is lost while the server is away, the agent restarts or the host reboots.
+
+Two stages, both on disk:
+- the *journal* (`open.jsonl`): the batch being filled. Each interval is appended and flushed to disk as
+  soon as it is collected, so `kill -9` costs at most the interval in progress. A torn last line (a crash
+  mid-write) is ignored on recovery.
+- *sealed batches* (`<seq>-<created ms>-<carried>.gz`): the exact gzip bodies to POST, in order. A file is
+  deleted only after the server acknowledged it; the server stores a re-sent batch id once.
+
+The spool is bounded by size and age. When it overflows, the oldest batches go first; they are counted,
+and the count rides in the next batch sealed (`agent.dropped_batches`), so the server knows about the gap.
+Batches the server calls bad are moved to `rejected/`, never retried.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("gpufleet.agent.spool")
+
+JOURNAL = "open.jsonl"
+DROPPED = "dropped"
+REJECTED_KEEP = 50
+
+
+@dataclass(frozen=True, order=True)
+class SpooledBatch:
+    """One sealed batch on disk. `carried` is the drop count it reports, re-counted if it is dropped itself."""
+
+    seq: int
+    created_ms: int
+    carried: int
+    path: Path
+
+    @property
+    def size(self) -> int:
+        try:
+            return self.path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write, flush to disk, then rename into place: the file is either absent or complete."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+class Spool:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        max_bytes: int = 256 * 1024 * 1024,
+        max_age_s: float = 7 * 86400,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.dir = directory
+        self.rejected_dir = directory / "rejected"
+        self.max_bytes = max_bytes
+        self.max_age_s = max_age_s
+        self.wall_clock = wall_clock
+        self._lock = threading.Lock()
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for stale in self.dir.glob(".*.tmp"):
+            stale.unlink(missing_ok=True)
+        self._batches = sorted(b for b in map(self._parse, self.dir.iterdir()) if b is not None)
+        self._next_seq = self._batches[-1].seq + 1 if self._batches else 1
+
+    # -- sealed batches -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _parse(path: Path) -> SpooledBatch | None:
+        if path.suffix != ".gz" or path.name.startswith("."):
+            return None
+        parts = path.stem.split("-")
+        if len(parts) != 3 or not all(p.isdigit() for p in parts):
+            return None
+        return SpooledBatch(int(parts[0]), int(parts[1]), int(parts[2]), path)
+
+    def put(self, body: bytes, *, carried: int = 0) -> SpooledBatch:
+        """Store a sealed batch (gzip bytes) durably, then enforce the bounds."""
+        with self._lock:
+            created_ms = int(self.wall_clock() * 1000)
+            path = self.dir / f"{self._next_seq:012d}-{created_ms}-{carried}.gz"
+            write_atomic(path, body)
+            batch = SpooledBatch(self._next_seq, created_ms, carried, path)
+            self._next_seq += 1
+            self._batches.append(batch)
+            self._enforce_bounds()
+            return batch
+
+    def pending(self) -> list[SpooledBatch]:
+        with self._lock:
+            return list(self._batches)
+
+    def oldest(self) -> SpooledBatch | None:
+        with self._lock:
+            self._enforce_age()
+            return self._batches[0] if self._batches else None
+
+    def read(self, batch: SpooledBatch) -> bytes | None:
+        try:
+            return batch.path.read_bytes()
+        except FileNotFoundError:
+            self.remove(batch)
+            return None
+
+    def remove(self, batch: SpooledBatch) -> None:
+        """The server has the batch: forget it."""
+        with self._lock:
+            batch.path.unlink(missing_ok=True)
+            if batch in self._batches:
+                self._batches.remove(batch)
+
+    def reject(self, batch: SpooledBatch, reason: str) -> Path:
+        """Move a batch the server refused as bad out of the queue, with the reason beside it."""
+        with self._lock:
+            self.rejected_dir.mkdir(exist_ok=True, mode=0o700)
+            target = self.rejected_dir / batch.path.name
+            if batch.path.exists():
+                os.replace(batch.path, target)
+            (self.rejected_dir / (batch.path.stem + ".reason.txt")).write_text(reason + "\n", encoding="utf-8")
+            if batch in self._batches:
+                self._batches.remove(batch)
+            kept = sorted(self.rejected_dir.glob("*.gz"))
+            for old in kept[:-REJECTED_KEEP]:
+                old.unlink(missing_ok=True)
+                (self.rejected_dir / (old.stem + ".reason.txt")).unlink(missing_ok=True)
+            return target
+
+    def size_bytes(self) -> int:
+        with self._lock:
+            return sum(b.size for b in self._batches)
+
+    def _enforce_bounds(self) -> None:
+        self._enforce_age()
+        total = sum(b.size for b in self._batches)
+        # The newest batch always stays, however small the bound.
+        while total > self.max_bytes and len(self._batches) > 1:
+            total -= self._drop_oldest("spool over its size bound")
+
+    def _enforce_age(self) -> None:
+        cutoff_ms = (self.wall_clock() - self.max_age_s) * 1000
+        while self._batches and self._batches[0].created_ms < cutoff_ms:
+            self._drop_oldest("older than the spool's age bound")
+
+    def _drop_oldest(self, why: str) -> int:
+        batch = self._batches.pop(0)
+        size = batch.size
+        batch.path.unlink(missing_ok=True)
+        self._add_dropped(1 + batch.carried)
+        log.warning("dropped spooled batch %s (%s)", batch.path.name, why)
+        return size
+
+    # -- the drop counter -------------------------------------------------------------------------------
+
+    def _add_dropped(self, count: int) -> None:
+        write_atomic(self.dir / DROPPED, str(self._read_dropped() + count).encode())
+
+    def _read_dropped(self) -> int:
+        try:
+            return int((self.dir / DROPPED).read_text().strip() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def take_dropped(self) -> int:
+        """Batches dropped since the last call: the figure the next sealed batch reports."""
+        with self._lock:
+            count = self._read_dropped()
+            if count:
+                (self.dir / DROPPED).unlink(missing_ok=True)
+            return count
+
+    def peek_dropped(self) -> int:
+        with self._lock:
+            return self._read_dropped()
+
+    def restore_dropped(self, count: int) -> None:
+        with self._lock:
+            if count:
+                self._add_dropped(count)
+
+
+class Journal:
+    """The batch being filled, one JSON line per record, flushed to disk on every append.
+
+    Records: `head` (batch id, instance), `gpus` (the layout), `interval`, `event`. The whole batch is
+    rebuilt from them by `load()`.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: Any = None
+        self.records: list[dict[str, Any]] = []
+
+    def load(self) -> list[dict[str, Any]]:
+        """Records left by a previous run (a torn last line is dropped), and forget them in memory."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return []
+        records = []
+        for line in raw.splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                break  # only the last line can be torn; nothing after it was acknowledged as written
+            if isinstance(record, dict):
+                records.append(record)
+        return records
+
+    def append(self, record: dict[str, Any]) -> None:
+        if self._file is None:
+            new = not self.path.exists()
+            self._file = open(self.path, "ab")  # noqa: SIM115 - stays open across appends
+            if new:
+                _fsync_dir(self.path.parent)
+        self._file.write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
+        self._file.flush()
+        os.fdatasync(self._file.fileno())
+        self.records.append(record)
+
+    def clear(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self.path.unlink(missing_ok=True)
+        self.records = []
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def new_batch_id() -> str:
+    return str(uuid.uuid4())
+
+
+def gzip_json(document: dict[str, Any]) -> bytes:
+    return gzip.compress(json.dumps(document, separators=(",", ":")).encode(), compresslevel=6, mtime=0)
