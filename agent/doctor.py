@@ -9,14 +9,13 @@ from __future__ import annotations
 import json
 import ssl
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from . import __version__
 from .config import AgentConfig, ConfigError
+from .httpclient import HttpError, request, tls_context
 from .send import Poster
 
 SAMPLE_S = 1.0  # a short interval, long enough for GPM's 100 ms minimum and a few buffer samples
@@ -128,25 +127,24 @@ def _server_checks(config: AgentConfig) -> Iterator[Check]:
         yield Check("Server", False, "GPUFLEET_AGENT_SERVER_URL is not set")
         return
     try:
-        context = ssl.create_default_context(cafile=str(config.ca_bundle) if config.ca_bundle else None)
+        context = tls_context(str(config.ca_bundle) if config.ca_bundle else None)
     except (OSError, ssl.SSLError) as exc:
         yield Check("Server", False, f"cannot load the CA bundle {config.ca_bundle}: {exc}")
         return
-    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context))
     health = config.server_url + "/healthz"
     try:
-        with opener.open(
-            urllib.request.Request(health, headers={"User-Agent": f"gpufleet-agent/{__version__}"}),
-            timeout=config.http_timeout_s,
-        ) as response:
-            status = response.status
-    except urllib.error.HTTPError as exc:
-        status = exc.code
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        yield Check("Server", False, f"{config.server_url} not reachable: {getattr(exc, 'reason', exc)}")
+        answer = request(
+            "GET",
+            health,
+            headers={"User-Agent": f"gpufleet-agent/{__version__}"},
+            timeout_s=config.http_timeout_s,
+            context=context,
+        )
+    except HttpError as exc:
+        yield Check("Server", False, f"{config.server_url} not reachable: {exc}")
         return
-    if status != 200:
-        yield Check("Server", False, f"{health} answered HTTP {status}: is this a gpufleet server?")
+    if answer.status != 200:
+        yield Check("Server", False, f"{health} answered HTTP {answer.status}: is this a gpufleet server?")
         return
     yield Check("Server", True, f"{config.server_url} reachable")
     try:

@@ -17,10 +17,10 @@ from __future__ import annotations
 import collections
 import ctypes
 import importlib
-import inspect
 import math
 import struct
 import time
+import types
 import uuid
 import zlib
 from collections.abc import Callable
@@ -639,7 +639,7 @@ class FakeNvml:
             value = getattr(_nv, name)
         except AttributeError:
             raise AttributeError(f"module 'pynvml' has no attribute {name!r}") from None
-        if name.startswith("nvml") and inspect.isfunction(value) and name not in _HELPERS:
+        if name.startswith("nvml") and isinstance(value, types.FunctionType) and name not in _HELPERS:
             value = self._unsupported(name)
         self.__dict__[name] = value
         return value
@@ -742,7 +742,7 @@ class FakeNvml:
         `slice_index`. The first `times` matching calls fail (`None`: all of them). For nvmlInit with
         NVML_ERROR_LIBRARY_NOT_FOUND this is a host without a driver.
         """
-        if not inspect.isfunction(getattr(_nv, function, None)):
+        if not isinstance(getattr(_nv, function, None), types.FunctionType):
             raise ValueError(f"pynvml has no function {function!r}")
         if slice_index is not None and gpu is None:
             raise ValueError("slice_index needs gpu")

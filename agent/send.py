@@ -14,17 +14,15 @@ from __future__ import annotations
 import json
 import logging
 import random
-import ssl
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from . import __version__
+from .httpclient import HttpError, request, tls_context
 from .spool import Spool
 
 log = logging.getLogger("gpufleet.agent.send")
@@ -51,8 +49,7 @@ class Poster:
         self.url = url
         self.token = token
         self.timeout_s = timeout_s
-        context = ssl.create_default_context(cafile=str(ca_bundle) if ca_bundle else None)
-        self._opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context))
+        self._context = tls_context(str(ca_bundle) if ca_bundle else None) if url.startswith("https:") else None
 
     def post(self, body: bytes, *, gzipped: bool = True) -> Outcome:
         headers = {
@@ -64,27 +61,24 @@ class Poster:
             headers["Content-Encoding"] = "gzip"
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
         try:
-            with self._opener.open(request, timeout=self.timeout_s) as response:
-                return self._success(response.status, response.read())
-        except urllib.error.HTTPError as exc:
-            return classify(exc.code, _error_text(exc))
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
-            return Outcome("retry", None, f"cannot reach {self.url}: {reason}")
+            answer = request(
+                "POST", self.url, body=body, headers=headers, timeout_s=self.timeout_s, context=self._context
+            )
+        except HttpError as exc:
+            return Outcome("retry", None, f"cannot reach {self.url}: {exc}")
+        if 200 <= answer.status < 300:
+            return self._success(answer.status, answer.body)
+        return classify(answer.status, _error_text(answer.body))
 
     def _success(self, status: int, raw: bytes) -> Outcome:
         try:
             answer = json.loads(raw)
         except ValueError:
             answer = {}
-        kind = answer.get("status") if isinstance(answer, dict) else None
-        if kind == "duplicate":
+        if isinstance(answer, dict) and answer.get("status") == "duplicate":
             return Outcome("duplicate", status, "already stored")
-        if 200 <= status < 300:
-            return Outcome("stored", status, "stored")
-        return classify(status, raw.decode("utf-8", "replace")[:300])
+        return Outcome("stored", status, "stored")
 
 
 def classify(status: int, message: str) -> Outcome:
@@ -97,15 +91,12 @@ def classify(status: int, message: str) -> Outcome:
     return Outcome("retry", status, message)
 
 
-def _error_text(exc: urllib.error.HTTPError) -> str:
-    try:
-        raw = exc.read()
-    except OSError:
-        return exc.reason if isinstance(exc.reason, str) else str(exc)
+def _error_text(raw: bytes) -> str:
+    """The server's error document as one line: its summary and each field it blames."""
     try:
         answer = json.loads(raw)
     except ValueError:
-        return raw.decode("utf-8", "replace")[:300] or str(exc.reason)
+        return raw.decode("utf-8", "replace")[:300]
     if isinstance(answer, dict):
         details = "; ".join(
             f"{d.get('field')}: {d.get('message')}" for d in answer.get("detail", []) if isinstance(d, dict)

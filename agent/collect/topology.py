@@ -7,12 +7,10 @@ describe it (ids, attributes).
 
 from __future__ import annotations
 
-import csv
-import io
 import math
+import os
 from dataclasses import dataclass, field
 from functools import cache
-from importlib import resources
 from typing import Any
 
 from ..nvml import Absent, Nvml, text
@@ -183,13 +181,17 @@ def _memory_info(nvml: Nvml, handle: Any) -> Any:
 @cache
 def _profile_table() -> dict[str, list[tuple[int, int, str]]]:
     """GPU model -> [(compute slices, nominal GB, profile name)] from the shipped MIG profile table."""
-    raw = resources.files("agent.data").joinpath("mig-profiles.csv").read_text(encoding="utf-8")
+    # A plain read: importlib.resources and csv would cost the agent more memory than the table itself.
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "mig-profiles.csv")
+    with open(path, encoding="utf-8") as f:
+        header, *rows = (line.strip().split(",") for line in f if line.strip())
+    col = {name: i for i, name in enumerate(header)}
     table: dict[str, list[tuple[int, int, str]]] = {}
-    for row in csv.DictReader(io.StringIO(raw)):
-        if row["profile"].endswith("+me"):
+    for row in rows:
+        if row[col["profile"]].endswith("+me"):
             continue  # media-extension profiles look the same through NVML's attributes
-        table.setdefault(row["gpu_model"], []).append(
-            (int(row["compute_slices_of_7"]), int(row["memory_gb"]), row["profile"])
+        table.setdefault(row[col["gpu_model"]], []).append(
+            (int(row[col["compute_slices_of_7"]]), int(row[col["memory_gb"]]), row[col["profile"]])
         )
     return table
 

@@ -6,12 +6,11 @@ metadata service is link-local and a proxy would either fail or answer for some 
 
 from __future__ import annotations
 
-import http.client
 import logging
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
+
+from ..httpclient import HttpError, request
 
 log = logging.getLogger("gpufleet.agent.identify")
 
@@ -27,13 +26,6 @@ REFUSED_MESSAGE = "IMDS refused the request (403): metadata access is disabled f
 
 class ImdsUnavailable(Exception):
     """IMDS did not answer usefully: no answer, timeout, 403, or a failed token flow. One readable line."""
-
-
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    """IMDS never redirects; following one would hand the session token to another host."""
-
-    def redirect_request(self, *args: object, **kwargs: object) -> None:
-        return None
 
 
 class ImdsClient:
@@ -60,8 +52,6 @@ class ImdsClient:
         self.timeout_s = float(timeout_s)
         self._token_ttl_s = token_ttl_s
         self._clock = clock
-        # An empty ProxyHandler overrides the default one that reads http_proxy / HTTP_PROXY.
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirects())
         self._token: str | None = None
         self._token_renew_at = 0.0
 
@@ -118,23 +108,17 @@ class ImdsClient:
     def _request(self, method: str, url: str, headers: dict[str, str]) -> tuple[int, str]:
         """One request: (HTTP status, body text). Network trouble raises ImdsUnavailable."""
         try:
-            request = urllib.request.Request(url, data=b"" if method == "PUT" else None, headers=headers, method=method)
-            with self._opener.open(request, timeout=self.timeout_s) as response:
-                raw: bytes = response.read(_MAX_BODY_BYTES)
-                return int(response.status), raw.decode("utf-8", "replace")
-        except urllib.error.HTTPError as exc:
-            exc.close()
-            return exc.code, ""
-        except (OSError, http.client.HTTPException, ValueError) as exc:  # URLError is an OSError; bad URLs: ValueError
-            raise ImdsUnavailable(f"IMDS not reachable at {self.base_url} ({self._why(exc)})") from None
-
-    def _why(self, exc: BaseException) -> str:
-        reason: object = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-        if isinstance(reason, TimeoutError):
-            return f"timed out after {self.timeout_s} s"
-        if isinstance(reason, ConnectionRefusedError):
-            return "connection refused"
-        if isinstance(reason, OSError) and reason.strerror:
-            return reason.strerror[:1].lower() + reason.strerror[1:]
-        text = " ".join(str(reason).split())
-        return text or type(reason).__name__
+            answer = request(
+                method,
+                url,
+                body=b"" if method == "PUT" else None,
+                headers=headers,
+                timeout_s=self.timeout_s,
+                use_proxy=False,
+                max_body=_MAX_BODY_BYTES,
+            )
+        except HttpError as exc:
+            why = str(exc)
+            raise ImdsUnavailable(f"IMDS not reachable at {self.base_url} ({why[:1].lower() + why[1:]})") from None
+        # IMDS never redirects, and redirects are not followed: a 3xx is just an unexpected status.
+        return answer.status, answer.body.decode("utf-8", "replace") if 200 <= answer.status < 300 else ""

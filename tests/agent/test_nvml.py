@@ -62,7 +62,7 @@ def test_reasons() -> None:
 
 
 def test_unknown_scenarios_are_named() -> None:
-    with pytest.raises(NvmlUnavailable, match="known: .*p4d-mig"):
+    with pytest.raises(NvmlUnavailable, match=r"known: .*p4d-mig"):
         load_library("p9-imaginary")
 
 

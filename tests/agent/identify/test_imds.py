@@ -131,7 +131,7 @@ def test_proxy_variables_are_ignored(imds: ImdsServer, monkeypatch: pytest.Monke
 
 
 def test_bad_url_is_unavailable() -> None:
-    with pytest.raises(ImdsUnavailable, match=r"^IMDS not reachable at nonsense \(unknown url type"):
+    with pytest.raises(ImdsUnavailable, match=r"^IMDS not reachable at nonsense \(not an http\(s\) URL"):
         ImdsClient("nonsense").get("instance-id")
 
 

@@ -1,0 +1,180 @@
+"""Agent cost benchmark: the real `gpufleet-agent run` on the `p4d-mig` fake host, posting to a real server.
+
+    python -m bench.agent [--intervals 240] [--interval 0.25] [--database-url URL]
+
+Measures the agent process alone (all its threads: collection, journal, gzip, HTTP): CPU time per
+interval over the measured window, after a warm-up, and its peak resident memory (VmHWM). The simulated
+NVML runs inside the agent process in Python, so its cost is included; real NVML calls are C calls. At the
+end the agent is stopped with SIGTERM and the database is checked: every interval the agent collected
+must be stored exactly once. Progress goes to stderr; the last line on stdout is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.ingest import (
+    BenchError,
+    create_bench_database,
+    drop_bench_database,
+    free_port,
+    libpq_url,
+    log,
+    prepare_database,
+    start_server,
+    stop_server,
+    wait_ready,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--intervals", type=int, default=240, help="measured intervals (at least 60)")
+    p.add_argument("--interval", type=float, default=0.25, help="collection interval, s")
+    p.add_argument("--warmup", type=int, default=8, help="intervals before measuring starts")
+    p.add_argument("--batch-intervals", type=int, default=3, help="intervals per batch")
+    p.add_argument("--scenario", default="p4d-mig")
+    p.add_argument("--database-url", help="a PostgreSQL server to create a scratch database on")
+    args = p.parse_args(argv)
+    if args.intervals < 60:
+        p.error("--intervals must be at least 60")
+    return args
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process, all its threads, s (10 ms resolution)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def peak_rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise BenchError("no VmHWM in /proc status")
+
+
+def journaled(log_path: Path) -> int:
+    return sum("journaled interval" in line for line in log_path.read_text(errors="replace").splitlines())
+
+
+def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="gpufleet-bench-agent-"))
+    stack.callback(lambda: shutil.rmtree(tmp, ignore_errors=True))
+    if args.database_url:
+        url, admin, name = create_bench_database(args.database_url)
+        stack.callback(lambda: drop_bench_database(admin, name))
+    else:
+        from app.embedded import EmbeddedPostgres
+
+        embedded = EmbeddedPostgres(tmp / "db")
+        stack.callback(embedded.stop)
+        log(f"starting embedded PostgreSQL in {embedded.pgdata}")
+        url = embedded.start()
+    token = prepare_database(url)
+    port = free_port()
+    server_log = tmp / "server.log"
+    server = start_server(url, port, 1, server_log)
+    stack.callback(lambda: stop_server(server))
+    wait_ready(server, port, server_log)
+    log(f"server ready on port {port}")
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_AGENT_")}
+    env.update(
+        GPUFLEET_AGENT_CONFIG=str(tmp / "agent.env"),
+        GPUFLEET_AGENT_SERVER_URL=f"http://127.0.0.1:{port}",
+        GPUFLEET_AGENT_TOKEN=token,
+        GPUFLEET_AGENT_INTERVAL_S=str(args.interval),
+        GPUFLEET_AGENT_BATCH_INTERVALS=str(args.batch_intervals),
+        GPUFLEET_AGENT_STATE_DIR=str(tmp / "state"),
+        GPUFLEET_AGENT_IMDS="off",
+        GPUFLEET_AGENT_HOST_ID="bench-host",
+        GPUFLEET_AGENT_FAKE_NVML=args.scenario,
+        GPUFLEET_AGENT_LOG_LEVEL="debug",
+    )
+    (tmp / "agent.env").write_text("")
+    agent_log = tmp / "agent.log"
+    with open(agent_log, "wb") as err:
+        agent = subprocess.Popen([sys.executable, "-m", "agent", "run"], cwd=ROOT, env=env, stderr=err)
+    stack.callback(lambda: agent.poll() is None and agent.kill())
+
+    deadline = time.monotonic() + 60 + args.warmup * args.interval * 4
+    while journaled(agent_log) < args.warmup:
+        if agent.poll() is not None or time.monotonic() > deadline:
+            raise BenchError(f"agent did not warm up:\n{agent_log.read_text()[-2000:]}")
+        time.sleep(args.interval / 4)
+    start_count, start_cpu, start_wall = journaled(agent_log), cpu_seconds(agent.pid), time.monotonic()
+    log(f"measuring {args.intervals} intervals of {args.interval:g} s")
+    while journaled(agent_log) < start_count + args.intervals:
+        if agent.poll() is not None:
+            raise BenchError(f"agent exited:\n{agent_log.read_text()[-2000:]}")
+        time.sleep(args.interval / 4)
+    end_count, end_cpu, end_wall = journaled(agent_log), cpu_seconds(agent.pid), time.monotonic()
+    rss = peak_rss_mib(agent.pid)
+    agent.send_signal(signal.SIGTERM)
+    if agent.wait(30) != 0:
+        raise BenchError(f"agent exited with {agent.returncode}:\n{agent_log.read_text()[-2000:]}")
+    collected = journaled(agent_log)
+    left = list((tmp / "state" / "spool").glob("*.gz"))
+
+    with psycopg.connect(libpq_url(url)) as conn:
+        rows, intervals, duplicates = conn.execute(
+            "SELECT count(*), count(DISTINCT ts), "
+            "(SELECT count(*) FROM (SELECT 1 FROM samples GROUP BY device_id, ts HAVING count(*) > 1) d) FROM samples"
+        ).fetchone() or (0, 0, 0)
+        batches = conn.execute("SELECT count(*) FROM ingest_batches").fetchone()
+    measured = end_count - start_count
+    result = {
+        "scenario": args.scenario,
+        "interval_s": args.interval,
+        "intervals_measured": measured,
+        "cpu_ms_per_interval": round((end_cpu - start_cpu) * 1000 / measured, 2),
+        "cpu_percent_of_one_core": round((end_cpu - start_cpu) / (end_wall - start_wall) * 100, 2),
+        "rss_mib": round(rss, 1),
+        "samples_per_interval": round(rows / max(intervals, 1), 1),
+        "intervals_collected": collected,
+        "intervals_stored": intervals,
+        "duplicate_samples": duplicates,
+        "batches_stored": batches[0] if batches else 0,
+        "left_in_spool": len(left),
+    }
+    if intervals != collected or duplicates or left:
+        raise BenchError(f"delivery check failed: {json.dumps(result)}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        with contextlib.ExitStack() as stack:
+            result = run(args, stack)
+    except BenchError as exc:
+        log(f"failed: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        log("interrupted")
+        return 130
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

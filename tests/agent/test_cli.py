@@ -1,0 +1,196 @@
+"""The command line as an operator meets it: real processes, one readable line on failure, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.ingest.schemas import IngestBatchIn
+from tests.conftest import make_token
+
+from .imds_server import ImdsServer, closed_port_url
+from .live_server import LiveServer
+
+NO_DRIVER = "gpufleet-agent: NVML library not found: is the NVIDIA driver installed?"
+
+
+def agent(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agent", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "agent.env").write_text("")
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_AGENT_")},
+        "GPUFLEET_AGENT_CONFIG": str(tmp_path / "agent.env"),
+        "GPUFLEET_AGENT_STATE_DIR": str(tmp_path / "state"),
+        "GPUFLEET_AGENT_IMDS": "off",
+        "GPUFLEET_AGENT_HOST_ID": "test-host",
+    }
+
+
+def test_once_prints_a_batch_the_server_accepts(env: dict[str, str]) -> None:
+    result = agent("--fake-nvml", "p4d-mig", "once", "--interval", "0.2", env=env)
+    assert result.returncode == 0, result.stderr
+    batch = IngestBatchIn.model_validate(json.loads(result.stdout))
+    assert len(batch.gpus) == 8 and len(batch.intervals) == 1
+    assert batch.instance.instance_id == "test-host" and batch.instance.lifecycle == "on-prem"
+    assert result.stderr == ""
+
+
+def test_once_names_the_ec2_instance_from_imds(env: dict[str, str]) -> None:
+    with ImdsServer(tags={"team": "ml"}) as imds:
+        env.update(GPUFLEET_AGENT_IMDS="on", GPUFLEET_AGENT_IMDS_URL=imds.url)
+        result = agent("--fake-nvml", "g5-idle", "once", "--interval", "0.2", env=env)
+    assert result.returncode == 0, result.stderr
+    instance = json.loads(result.stdout)["instance"]
+    assert instance["instance_id"] == "i-0abc1234def567890"
+    assert instance["tags"] == {"team": "ml"} and instance["lifecycle"] == "spot"
+
+
+@pytest.mark.parametrize("command", [["run"], ["once", "--interval", "0.1"], ["doctor"]])
+def test_no_driver_is_one_line_and_non_zero(env: dict[str, str], command: list[str]) -> None:
+    env.update(GPUFLEET_AGENT_SERVER_URL="http://127.0.0.1:9", GPUFLEET_AGENT_TOKEN="gpf_x")
+    result = agent("--fake-nvml", "no-driver", *command, env=env)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr + result.stdout
+    if command == ["doctor"]:
+        assert "FAIL  NVML: NVML library not found: is the NVIDIA driver installed?" in result.stdout.splitlines()
+    else:
+        assert result.stderr.strip() == NO_DRIVER
+
+
+def test_the_real_library_on_a_host_without_a_driver(env: dict[str, str]) -> None:
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        pass
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("this host has an NVIDIA driver")
+    result = agent("once", "--interval", "0.1", env=env)
+    assert (result.returncode, result.stderr.strip(), result.stdout) == (3, NO_DRIVER, "")
+
+
+def test_doctor_all_good(env: dict[str, str], live_server: LiveServer, sessions: sessionmaker[Session]) -> None:
+    env.update(GPUFLEET_AGENT_SERVER_URL=live_server.url, GPUFLEET_AGENT_TOKEN=make_token(sessions, "ingest"))
+    result = agent("--fake-nvml", "p5-mig", "doctor", env=env)
+    lines = result.stdout.splitlines()
+    assert result.returncode == 0, result.stdout
+    assert all(line.startswith("ok  ") for line in lines), lines
+    assert any("driver 550.127.05" in line for line in lines)
+    assert any("8 x NVIDIA H100 80GB HBM3; 8 in MIG mode with 24 slices" in line for line in lines)
+    assert any("nvml.gpm on" in line for line in lines)
+    assert "ok    Token: accepted for ingest" in lines
+
+
+@pytest.mark.parametrize(
+    ("scope", "expected"),
+    [
+        (None, "FAIL  Token: the server does not know this token (HTTP 401)"),
+        ("read", "FAIL  Token: the token lacks the ingest scope (HTTP 403)"),
+    ],
+)
+def test_doctor_spots_a_bad_token(
+    env: dict[str, str], live_server: LiveServer, sessions: sessionmaker[Session], scope: str | None, expected: str
+) -> None:
+    token = make_token(sessions, scope) if scope else "gpf_unknown"
+    env.update(GPUFLEET_AGENT_SERVER_URL=live_server.url, GPUFLEET_AGENT_TOKEN=token)
+    result = agent("--fake-nvml", "g5-idle", "doctor", env=env)
+    assert result.returncode == 1
+    assert expected in result.stdout.splitlines()
+
+
+def test_doctor_spots_an_unreachable_server(env: dict[str, str]) -> None:
+    env.update(GPUFLEET_AGENT_SERVER_URL=closed_port_url(), GPUFLEET_AGENT_TOKEN="gpf_x")
+    result = agent("--fake-nvml", "g5-idle", "doctor", env=env)
+    assert result.returncode == 1
+    assert any(line.startswith("FAIL  Server:") and "not reachable" in line for line in result.stdout.splitlines())
+
+
+def test_doctor_with_imds_required_but_absent(env: dict[str, str]) -> None:
+    env.update(GPUFLEET_AGENT_IMDS="on", GPUFLEET_AGENT_IMDS_URL=closed_port_url(), GPUFLEET_AGENT_IMDS_TIMEOUT_S="0.3")
+    result = agent("--fake-nvml", "g5-idle", "doctor", env=env)
+    assert result.returncode == 1
+    assert any(line.startswith("FAIL  Identity:") for line in result.stdout.splitlines())
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "message"),
+    [
+        ("GPUFLEET_AGENT_INTERVAL_S", "often", "GPUFLEET_AGENT_INTERVAL_S: expected a number, got 'often'"),
+        ("GPUFLEET_AGENT_INTERVAL_S", "-1", "GPUFLEET_AGENT_INTERVAL_S: must be a number above 0, got '-1'"),
+        ("GPUFLEET_AGENT_SERVER_URL", "gpufleet:8000", "GPUFLEET_AGENT_SERVER_URL: expected http(s)://host[:port]"),
+        ("GPUFLEET_AGENT_IMDS", "maybe", "GPUFLEET_AGENT_IMDS: expected auto, on or off, got 'maybe'"),
+        ("GPUFLEET_AGENT_BATCH_INTERVALS", "0", "GPUFLEET_AGENT_BATCH_INTERVALS: must be between 1 and 360, got 0"),
+    ],
+)
+def test_bad_settings_are_one_line(env: dict[str, str], setting: str, value: str, message: str) -> None:
+    env[setting] = value
+    result = agent("--fake-nvml", "g5-idle", "once", env=env)
+    assert result.returncode == 2
+    assert result.stderr.startswith("gpufleet-agent: " + message)
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_env_file_is_read_and_the_environment_wins(env: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / "agent.env").write_text('GPUFLEET_AGENT_HOST_ID="from-file"\nGPUFLEET_AGENT_TAGS=team=ml\n')
+    del env["GPUFLEET_AGENT_HOST_ID"]
+    result = agent("--fake-nvml", "g5-idle", "once", "--interval", "0.1", env=env)
+    instance = json.loads(result.stdout)["instance"]
+    assert (instance["instance_id"], instance["tags"]) == ("from-file", {"team": "ml"})
+    env["GPUFLEET_AGENT_HOST_ID"] = "from-env"
+    result = agent("--fake-nvml", "g5-idle", "once", "--interval", "0.1", env=env)
+    assert json.loads(result.stdout)["instance"]["instance_id"] == "from-env"
+
+
+def test_a_missing_named_config_file(env: dict[str, str], tmp_path: Path) -> None:
+    env["GPUFLEET_AGENT_CONFIG"] = str(tmp_path / "nope.env")
+    result = agent("--fake-nvml", "g5-idle", "once", env=env)
+    assert (result.returncode, result.stderr.strip()) == (
+        2,
+        f"gpufleet-agent: config file {tmp_path}/nope.env does not exist",
+    )
+
+
+def test_run_needs_a_server_and_a_token(env: dict[str, str]) -> None:
+    result = agent("--fake-nvml", "g5-idle", "run", env=env)
+    assert result.returncode == 2 and "GPUFLEET_AGENT_SERVER_URL is not set" in result.stderr
+    env["GPUFLEET_AGENT_SERVER_URL"] = "https://gpufleet.example.com"
+    result = agent("--fake-nvml", "g5-idle", "run", env=env)
+    assert result.returncode == 2 and "no ingest token" in result.stderr
+
+
+def test_install_into_an_image_root(env: dict[str, str], tmp_path: Path) -> None:
+    root = tmp_path / "image"
+    binary = root / "opt/gpufleet-agent/bin/gpufleet-agent"
+    binary.parent.mkdir(parents=True)
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    result = agent(
+        "install",
+        "--root",
+        str(root),
+        "--exec-path",
+        "/opt/gpufleet-agent/bin/gpufleet-agent",
+        "--server-url",
+        "https://gpufleet.example.com",
+        "--token",
+        "gpf_abc",
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    unit = (root / "etc/systemd/system/gpufleet-agent.service").read_text()
+    assert "ExecStart=/opt/gpufleet-agent/bin/gpufleet-agent run" in unit
+    assert "GPUFLEET_AGENT_TOKEN=gpf_abc" in (root / "etc/gpufleet/agent.env").read_text()
