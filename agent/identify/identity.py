@@ -23,6 +23,13 @@ TAGS_REFRESH_S = 600.0
 EVENTS_INTERVAL_S = 5.0
 """Least seconds between two reads of the spot / rebalance notices (AWS suggests polling every 5 s)."""
 
+# Signs, readable without privileges, that this machine is an EC2 instance (Xen and Nitro families).
+EC2_HINTS: tuple[tuple[str, str], ...] = (
+    ("/sys/devices/virtual/dmi/id/sys_vendor", "amazon ec2"),
+    ("/sys/devices/virtual/dmi/id/board_asset_tag", "i-"),
+    ("/sys/hypervisor/uuid", "ec2"),
+)
+
 # The server's InstanceIn limits; a batch beyond them would be rejected whole.
 MAX_TAGS = 64
 MAX_TAG_KEY_CHARS = 128
@@ -160,8 +167,10 @@ class IdentityResolver:
             return f"IMDS: off; {named} (on-prem)"
         try:
             ident = self.identity()
-        except IdentityUnavailable:
-            return f"IMDS: {_reason(self._last_error)}; required by GPUFLEET_AGENT_IMDS=on"
+        except IdentityUnavailable as exc:
+            if self._config.imds == "on":
+                return f"IMDS: {_reason(self._last_error)}; required by GPUFLEET_AGENT_IMDS=on"
+            return f"IMDS: {exc}"
         if ident.source == "imds":
             parts = [ident.instance_id, ident.instance_type, ident.availability_zone or ident.region, ident.lifecycle]
             count = len(ident.tags)
@@ -197,6 +206,13 @@ class IdentityResolver:
         if self._config.imds == "on":
             log.debug("IMDS is required and did not answer: %s", exc)
             raise IdentityUnavailable(f"{exc}; IMDS is required (GPUFLEET_AGENT_IMDS=on)") from None
+        hint = looks_like_ec2()
+        if hint is not None:
+            # Reporting under the host name now and the instance id later would split one instance in two.
+            raise IdentityUnavailable(
+                f"{exc}; {hint} says this is an EC2 instance, so the agent waits for IMDS "
+                "(GPUFLEET_AGENT_IMDS=off uses the host name instead)"
+            ) from None
         # Measured after the attempt, which may itself have waited for a timeout.
         self._next_try_at = self._clock() + AUTO_RETRY_S
         fallback = self._from_config()
@@ -338,3 +354,15 @@ def _reason(error: str | None) -> str:
     if not error:
         return "no answer yet"
     return error.removeprefix("IMDS ").removeprefix("at ")
+
+
+def looks_like_ec2(hints: tuple[tuple[str, str], ...] | None = None) -> str | None:
+    """The first file whose content marks this machine as an EC2 instance, or None."""
+    for path, prefix in EC2_HINTS if hints is None else hints:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                if f.read(64).strip().lower().startswith(prefix):
+                    return path
+        except OSError:
+            continue
+    return None

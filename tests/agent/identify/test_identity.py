@@ -352,3 +352,32 @@ def test_tags_trimmed_to_server_limits() -> None:
     parsed = InstanceIn.model_validate(wire)
     assert len(parsed.tags) == 64
     assert all(len(v) == 256 for v in parsed.tags.values())
+
+
+@pytest.fixture(autouse=True)
+def _not_on_ec2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever machine runs the tests, the resolver sees no EC2 markers unless a test sets them."""
+    monkeypatch.setattr("agent.identify.identity.EC2_HINTS", ())
+
+
+def test_auto_on_an_ec2_machine_waits_for_imds_instead_of_using_the_host_name(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    vendor = tmp_path / "sys_vendor"
+    vendor.write_text("Amazon EC2\n")
+    monkeypatch.setattr("agent.identify.identity.EC2_HINTS", ((str(vendor), "amazon ec2"),))
+    resolver = IdentityResolver(AgentConfig(imds="auto", imds_url=closed_port_url(), imds_timeout_s=0.3))
+    with pytest.raises(IdentityUnavailable, match="says this is an EC2 instance"):
+        resolver.identity()
+    assert "waits for IMDS" in resolver.describe()
+
+
+def test_ec2_markers(tmp_path: Any) -> None:
+    from agent.identify.identity import looks_like_ec2
+
+    tag = tmp_path / "board_asset_tag"
+    tag.write_text("i-0abc1234def567890\n")
+    other = tmp_path / "sys_vendor"
+    other.write_text("QEMU\n")
+    assert looks_like_ec2(((str(other), "amazon ec2"), (str(tag), "i-"))) == str(tag)
+    assert looks_like_ec2(((str(other), "amazon ec2"), (str(tmp_path / "missing"), "ec2"))) is None
