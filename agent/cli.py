@@ -88,6 +88,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError("GPUFLEET_AGENT_SERVER_URL is not set (in /etc/gpufleet/agent.env or the environment)")
     if not config.bearer_token():
         raise CliError("no ingest token: set GPUFLEET_AGENT_TOKEN or GPUFLEET_AGENT_TOKEN_FILE")
+    if config.server_url.startswith("http://") and not _loopback(config.server_url):
+        logging.getLogger("gpufleet.agent").warning(
+            "GPUFLEET_AGENT_SERVER_URL is plain http: the token and the data cross the network unencrypted"
+        )
     nvml = _open_nvml(config)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -100,6 +104,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         nvml.close()
     return 0
+
+
+def _loopback(url: str) -> bool:
+    from urllib.parse import urlsplit
+
+    return (urlsplit(url).hostname or "") in ("127.0.0.1", "::1", "localhost")
 
 
 def cmd_once(args: argparse.Namespace) -> int:

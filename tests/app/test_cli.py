@@ -129,8 +129,3 @@ def test_serve_with_database_url_starts_no_embedded(tmp_path: Path, database_url
     assert proc.returncode == 0
     assert not (tmp_path / "data").exists()
     assert not any("embedded" in line for line in lines)
-
-
-def test_agent_command_is_a_placeholder() -> None:
-    r = subprocess.run([sys.executable, "-m", "agent.cli"], capture_output=True, text=True)
-    assert r.returncode != 0 and "not built yet" in r.stderr
