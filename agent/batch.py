@@ -86,7 +86,8 @@ class Batcher:
         """Journal one interval; returns the batches this sealed (usually none, or one)."""
         sealed: list[SpooledBatch] = []
         key = layout_key(interval.gpus)
-        if self._instance is not None and (instance != self._instance or key != self._layout):
+        layout_changed = self._layout is not None and key != self._layout
+        if self._instance is not None and (instance != self._instance or layout_changed):
             sealed += self._seal_open()
         if self._instance is None:
             self._open(instance)

@@ -72,6 +72,11 @@ def _config(args: argparse.Namespace) -> AgentConfig:
 def _open_nvml(config: AgentConfig) -> Any:
     from .nvml import Nvml, NvmlUnavailable, load_library
 
+    if config.fake_nvml:
+        from .fake_nvml import SCENARIOS
+
+        if config.fake_nvml not in SCENARIOS:
+            raise CliError(f"unknown fake NVML scenario {config.fake_nvml!r}; known: {', '.join(sorted(SCENARIOS))}")
     try:
         return Nvml.open(load_library(config.fake_nvml))
     except NvmlUnavailable as exc:

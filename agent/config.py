@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 DEFAULT_CONFIG_FILE = Path("/etc/gpufleet/agent.env")
 DEFAULT_STATE_DIR = Path("/var/lib/gpufleet-agent")
 PREFIX = "GPUFLEET_AGENT_"
+_PROXY_VARIABLES = ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY", "no_proxy", "NO_PROXY")
 
 
 class ConfigError(Exception):
@@ -226,7 +227,16 @@ def load_config(
         raise ConfigError(f"config file {path}: permission denied (run as root or fix its mode)") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {path}: cannot read it ({exc})") from None
+    if environ is None:
+        # Under systemd the whole file is the environment; a shell run (doctor, once) gets its proxies here.
+        for name in _PROXY_VARIABLES:
+            if name in raw and name not in os.environ:
+                os.environ[name] = raw[name]
     raw.update({k: v for k, v in env.items() if k.startswith(PREFIX)})
+    known = {PREFIX + name.upper() for name in _CONVERTERS} | {"GPUFLEET_AGENT_CONFIG"}
+    unknown = sorted(k for k in raw if k.startswith(PREFIX) and k not in known)
+    if unknown:
+        raise ConfigError(f"unknown setting {unknown[0]} (a typo? docs/agent.md lists the settings)")
     if "STATE_DIRECTORY" in env and f"{PREFIX}STATE_DIR" not in raw:
         # systemd's StateDirectory= hands the unit its directory this way.
         raw[f"{PREFIX}STATE_DIR"] = env["STATE_DIRECTORY"].split(":")[0]

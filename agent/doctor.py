@@ -84,7 +84,10 @@ def _nvml_checks(config: AgentConfig) -> Iterator[Check]:
         if missing:
             top = "; ".join(f"{n} x {why}" for why, n in reasons.most_common(2))
             parts.append(f"absent on {len(missing)} ({top})" if top else f"absent on {len(missing)}")
-        yield Check("Utilization", bool(sources) or not missing, ", ".join(parts) or "no devices")
+        # A MIG slice without a figure is expected (Ampere, before DCGM); a whole GPU without one is not.
+        by_uuid = {r.uuid: r for r in interval.readings}
+        blind = [g for g in gpus if not g.mig_mode and by_uuid[g.uuid].util is None]
+        yield Check("Utilization", not blind, ", ".join(parts) or "no devices")
         errors = nvml.take_errors()
         if errors:
             worst = ", ".join(f"{k} x{v}" for k, v in Counter(errors).most_common(3))

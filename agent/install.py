@@ -18,6 +18,8 @@ from importlib import resources
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from .config import ConfigError, parse_env_file
+
 UNIT_NAME = "gpufleet-agent.service"
 # Relative to the install root.
 UNIT_FILE = Path("etc/systemd/system") / UNIT_NAME
@@ -81,6 +83,17 @@ def render_env(server_url: str | None = None, token: str | None = None) -> str:
     if token is not None:
         text = _set_variable(text, "GPUFLEET_AGENT_TOKEN", token)
     return text
+
+
+def _carry_over(env_file: Path, server_url: str | None, token: str | None) -> tuple[str | None, str | None]:
+    try:
+        old = parse_env_file(env_file.read_text(encoding="utf-8"), source=str(env_file))
+    except (OSError, UnicodeDecodeError, ConfigError):
+        return server_url, token
+    return (
+        server_url or old.get("GPUFLEET_AGENT_SERVER_URL") or None,
+        token or old.get("GPUFLEET_AGENT_TOKEN") or None,
+    )
 
 
 def _check_value(what: str, value: str) -> None:
@@ -225,6 +238,9 @@ def install(
             pass
         actions.append(f"kept existing {env_file}{note}")
     else:
+        if os.path.lexists(env_file):
+            # --force renews the file from the example, but a server URL or token not given again is kept.
+            server_url, token = _carry_over(env_file, server_url, token)
         actions.append(_write(env_file, render_env(server_url, token), 0o600))
 
     if live:

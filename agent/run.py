@@ -185,7 +185,9 @@ class Agent:
             stop.set()
             self.sender.wake.set()
             sender_thread.join(timeout=STOP_FLUSH_S)
-        if self.sender is not None and self.sender.failures == 0:
+        sender_busy = sender_thread is not None and sender_thread.is_alive()
+        if self.sender is not None and self.sender.failures == 0 and not sender_busy:
+            self.sender.poster.timeout_s = min(self.sender.poster.timeout_s, STOP_FLUSH_S)
             # A server that answered a moment ago gets one short chance at what was just sealed.
             last = threading.Event()
             timer = threading.Timer(STOP_FLUSH_S, last.set)

@@ -209,7 +209,7 @@ class Journal:
     """The batch being filled, one JSON line per record, flushed to disk on every append.
 
     Records: `head` (batch id, instance), `gpus` (the layout), `interval`, `event`. The whole batch is
-    rebuilt from them by `load()`.
+    rebuilt from them by `load()`; a torn line (the process died mid-write, or the disk filled) is skipped.
     """
 
     def __init__(self, path: Path) -> None:
@@ -228,7 +228,7 @@ class Journal:
             try:
                 record = json.loads(line)
             except ValueError:
-                break  # only the last line can be torn; nothing after it was acknowledged as written
+                continue  # a torn write (crash, full disk); records after it are still whole
             if isinstance(record, dict):
                 records.append(record)
         return records

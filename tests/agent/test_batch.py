@@ -101,3 +101,13 @@ def test_the_drop_count_rides_in_the_next_sealed_batch(tmp_path: Path) -> None:
     b.add(interval(0), INSTANCE, {})
     b.add(interval(1), INSTANCE, {})
     assert [d["agent"]["dropped_batches"] for d in sealed(b)] == [4, 0]
+
+
+def test_the_start_event_rides_with_the_first_intervals(tmp_path: Path) -> None:
+    b = batcher(tmp_path, n=2)
+    start = {"ts": "2026-11-21T12:00:00Z", "kind": "agent_start", "details": {"version": "0.1.0"}}
+    assert b.add_events([start], INSTANCE) == []
+    b.add(interval(0), INSTANCE, {})
+    b.add(interval(1), INSTANCE, {})
+    [doc] = sealed(b)
+    assert doc["events"] == [start] and len(doc["intervals"]) == 2

@@ -194,3 +194,27 @@ def test_install_into_an_image_root(env: dict[str, str], tmp_path: Path) -> None
     unit = (root / "etc/systemd/system/gpufleet-agent.service").read_text()
     assert "ExecStart=/opt/gpufleet-agent/bin/gpufleet-agent run" in unit
     assert "GPUFLEET_AGENT_TOKEN=gpf_abc" in (root / "etc/gpufleet/agent.env").read_text()
+
+
+def test_a_misspelt_setting_is_refused(env: dict[str, str]) -> None:
+    env["GPUFLEET_AGENT_SERVER_ULR"] = "https://gpufleet.example.com"
+    result = agent("--fake-nvml", "g5-idle", "once", env=env)
+    assert result.returncode == 2
+    assert result.stderr.startswith("gpufleet-agent: unknown setting GPUFLEET_AGENT_SERVER_ULR")
+
+
+def test_an_unknown_scenario_is_a_usage_error(env: dict[str, str]) -> None:
+    result = agent("--fake-nvml", "p9", "once", env=env)
+    assert result.returncode == 2 and "known: g5-idle, g6e-busy" in result.stderr
+
+
+def test_proxies_in_the_env_file_reach_a_shell_run(env: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / "agent.env").write_text(
+        "https_proxy=http://127.0.0.1:9\nGPUFLEET_AGENT_SERVER_URL=https://gpufleet.example.com\n"
+    )
+    env.pop("https_proxy", None)
+    env.pop("HTTPS_PROXY", None)
+    env["GPUFLEET_AGENT_TOKEN"] = "gpf_x"
+    result = agent("--fake-nvml", "g5-idle", "doctor", env=env)
+    [server] = [line for line in result.stdout.splitlines() if "Server:" in line]
+    assert "refused" in server.lower(), server  # went to the proxy on port 9, not to the internet

@@ -192,6 +192,13 @@ def test_install_keeps_an_existing_env_file_unless_forced(image: Path) -> None:
     assert _mode(image / ENV) == 0o600
 
 
+def test_force_keeps_a_token_it_was_not_given_again(image: Path) -> None:
+    install(root=image, exec_path=EXEC, server_url="https://old.example.com", token="gpf_keep")
+    install(root=image, exec_path=EXEC, server_url="https://new.example.com", force=True)
+    values = parse_env_file((image / ENV).read_text())
+    assert values == {"GPUFLEET_AGENT_SERVER_URL": "https://new.example.com", "GPUFLEET_AGENT_TOKEN": "gpf_keep"}
+
+
 def test_install_twice_changes_nothing(image: Path) -> None:
     install(root=image, exec_path=EXEC)
     again = install(root=image, exec_path=EXEC)

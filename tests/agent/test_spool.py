@@ -95,3 +95,9 @@ def test_journal_clear_removes_the_file(tmp_path: Path) -> None:
     journal.clear()
     assert not (tmp_path / "open.jsonl").exists()
     assert journal.load() == []
+
+
+def test_a_torn_line_in_the_middle_costs_that_record_only(tmp_path: Path) -> None:
+    path = tmp_path / "open.jsonl"
+    path.write_bytes(b'{"t": "head"}\n{"t": "interval", "n"\n{"t": "interval", "n": 2}\n')
+    assert Journal(path).load() == [{"t": "head"}, {"t": "interval", "n": 2}]
