@@ -14,7 +14,6 @@ import shutil
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -129,11 +128,8 @@ def cmd_once(args: argparse.Namespace) -> int:
     if not seconds > 0:
         raise CliError("--interval must be above 0")
     nvml = _open_nvml(config)
-    collector = Collector(nvml)
     try:
-        collector.start()
-        time.sleep(seconds)
-        interval = collector.collect()
+        interval = Collector(nvml).sample(seconds)
         try:
             instance = IdentityResolver(config).identity().to_wire()
         except IdentityUnavailable as exc:
@@ -148,7 +144,6 @@ def cmd_once(args: argparse.Namespace) -> int:
             errors=nvml.take_errors(),
         )
     finally:
-        collector.close()
         nvml.close()
     json.dump(document, sys.stdout, indent=2)
     sys.stdout.write("\n")

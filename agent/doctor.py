@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import ssl
-import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -53,13 +52,7 @@ def _nvml_checks(config: AgentConfig) -> Iterator[Check]:
             f"driver {'unknown' if isinstance(driver, Absent) else driver}, "
             f"CUDA {'unknown' if isinstance(cuda, Absent) else cuda}{fake}",
         )
-        collector = Collector(nvml)
-        try:
-            collector.start()
-            time.sleep(SAMPLE_S)
-            interval = collector.collect()
-        finally:
-            collector.close()
+        interval = Collector(nvml).sample(SAMPLE_S)
         gpus = interval.gpus
         if not gpus:
             yield Check("GPUs", False, "NVML sees no GPU")

@@ -87,6 +87,15 @@ class Collector:
         self._began, self._start = ended, end_wall
         return interval
 
+    def sample(self, seconds: float) -> Interval:
+        """Start, wait `seconds`, and return that one interval; the sources are closed afterwards."""
+        try:
+            self.start()
+            time.sleep(seconds)
+            return self.collect()
+        finally:
+            self.close()
+
     def layout(self) -> tuple[GpuInfo, ...]:
         return tuple(
             GpuInfo(
