@@ -16,6 +16,7 @@ from . import __version__
 from .config import AgentConfig, ConfigError
 from .httpclient import HttpError, request, tls_context
 from .send import Poster
+from .spool import Spool
 
 SAMPLE_S = 1.0  # a short interval, long enough for GPM's 100 ms minimum and a few buffer samples
 
@@ -101,20 +102,17 @@ def _identity_check(config: AgentConfig) -> Check:
 
 
 def _spool_check(config: AgentConfig) -> Check:
-    spool_dir = config.spool_dir
     try:
-        spool_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        probe = spool_dir / ".doctor-probe"
+        spool = Spool(config.spool_dir, tidy=False)
+        probe = config.spool_dir / ".doctor-probe"
         probe.write_bytes(b"ok")
         probe.unlink()
     except OSError as exc:
-        return Check("Spool", False, f"{spool_dir} is not writable: {exc.strerror or exc}")
-    waiting = [p for p in spool_dir.glob("*.gz")]
-    size = sum(p.stat().st_size for p in waiting)
-    rejected = len(list((spool_dir / "rejected").glob("*.gz"))) if (spool_dir / "rejected").is_dir() else 0
-    message = f"{spool_dir} writable, {len(waiting)} batches waiting ({size // 1024} KiB)"
+        return Check("Spool", False, f"{config.spool_dir} is not writable: {exc.strerror or exc}")
+    waiting, size, rejected = len(spool.pending()), spool.size_bytes(), spool.rejected()
+    message = f"{config.spool_dir} writable, {waiting} batches waiting ({size // 1024} KiB)"
     if rejected:
-        message += f", {rejected} rejected by the server (see {spool_dir / 'rejected'})"
+        message += f", {rejected} rejected by the server (see {spool.rejected_dir})"
     return Check("Spool", True, message)
 
 

@@ -131,8 +131,7 @@ class Agent:
     def _one_interval(self) -> None:
         interval = self.collector.collect()
         self.intervals += 1
-        identity = self._current_identity()
-        instance = identity.to_wire()
+        instance = self._current_identity().to_wire()
         try:
             sealed = self.batcher.add(interval, instance, self.nvml.take_errors())
             log.debug(
@@ -141,11 +140,11 @@ class Agent:
                 interval.duration_s,
                 len(interval.readings),
             )
-            sealed += self.batcher.add_events(self.resolver.poll_events(), instance)
         except OSError as exc:
             log.error("cannot write to the spool at %s: %s", self.config.state_dir, exc)
             return
         self._seal(sealed)
+        self._events()
 
     def _seal(self, sealed: list[Any]) -> None:
         if sealed and self.sender is not None:

@@ -178,9 +178,10 @@ class Sender:
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
+            # Cleared before sending, so a batch sealed while this pass runs wakes the next one at once.
+            self.wake.clear()
             if self.send_pending(stop):
                 self.wake.wait(5.0)
-                self.wake.clear()
             else:
                 deadline = time.monotonic() + self.backoff_s()
                 # New batches do not cut the back-off short; only stopping does.

@@ -41,13 +41,7 @@ class SpooledBatch:
     created_ms: int
     carried: int
     path: Path
-
-    @property
-    def size(self) -> int:
-        try:
-            return self.path.stat().st_size
-        except FileNotFoundError:
-            return 0
+    size: int = 0
 
 
 def _fsync_dir(path: Path) -> None:
@@ -77,7 +71,9 @@ class Spool:
         max_bytes: int = 256 * 1024 * 1024,
         max_age_s: float = 7 * 86400,
         wall_clock: Callable[[], float] = time.time,
+        tidy: bool = True,
     ) -> None:
+        """`tidy=False` looks without touching: for `doctor`, which may run beside the service."""
         self.dir = directory
         self.rejected_dir = directory / "rejected"
         self.max_bytes = max_bytes
@@ -85,9 +81,11 @@ class Spool:
         self.wall_clock = wall_clock
         self._lock = threading.Lock()
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        for stale in self.dir.glob(".*.tmp"):
-            stale.unlink(missing_ok=True)
+        if tidy:
+            for stale in self.dir.glob(".*.tmp"):
+                stale.unlink(missing_ok=True)
         self._batches = sorted(b for b in map(self._parse, self.dir.iterdir()) if b is not None)
+        self._bytes = sum(b.size for b in self._batches)
         self._next_seq = self._batches[-1].seq + 1 if self._batches else 1
 
     # -- sealed batches -------------------------------------------------------------------------------
@@ -99,7 +97,11 @@ class Spool:
         parts = path.stem.split("-")
         if len(parts) != 3 or not all(p.isdigit() for p in parts):
             return None
-        return SpooledBatch(int(parts[0]), int(parts[1]), int(parts[2]), path)
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            return None
+        return SpooledBatch(int(parts[0]), int(parts[1]), int(parts[2]), path, size)
 
     def put(self, body: bytes, *, carried: int = 0) -> SpooledBatch:
         """Store a sealed batch (gzip bytes) durably, then enforce the bounds."""
@@ -107,9 +109,10 @@ class Spool:
             created_ms = int(self.wall_clock() * 1000)
             path = self.dir / f"{self._next_seq:012d}-{created_ms}-{carried}.gz"
             write_atomic(path, body)
-            batch = SpooledBatch(self._next_seq, created_ms, carried, path)
+            batch = SpooledBatch(self._next_seq, created_ms, carried, path, len(body))
             self._next_seq += 1
             self._batches.append(batch)
+            self._bytes += batch.size
             self._enforce_bounds()
             return batch
 
@@ -133,8 +136,12 @@ class Spool:
         """The server has the batch: forget it."""
         with self._lock:
             batch.path.unlink(missing_ok=True)
-            if batch in self._batches:
-                self._batches.remove(batch)
+            self._forget(batch)
+
+    def _forget(self, batch: SpooledBatch) -> None:
+        if batch in self._batches:
+            self._batches.remove(batch)
+            self._bytes -= batch.size
 
     def reject(self, batch: SpooledBatch, reason: str) -> Path:
         """Move a batch the server refused as bad out of the queue, with the reason beside it."""
@@ -144,8 +151,7 @@ class Spool:
             if batch.path.exists():
                 os.replace(batch.path, target)
             (self.rejected_dir / (batch.path.stem + ".reason.txt")).write_text(reason + "\n", encoding="utf-8")
-            if batch in self._batches:
-                self._batches.remove(batch)
+            self._forget(batch)
             kept = sorted(self.rejected_dir.glob("*.gz"))
             for old in kept[:-REJECTED_KEEP]:
                 old.unlink(missing_ok=True)
@@ -154,27 +160,29 @@ class Spool:
 
     def size_bytes(self) -> int:
         with self._lock:
-            return sum(b.size for b in self._batches)
+            return self._bytes
+
+    def rejected(self) -> int:
+        """Batches kept in `rejected/` for a person to look at."""
+        return len(list(self.rejected_dir.glob("*.gz"))) if self.rejected_dir.is_dir() else 0
 
     def _enforce_bounds(self) -> None:
         self._enforce_age()
-        total = sum(b.size for b in self._batches)
         # The newest batch always stays, however small the bound.
-        while total > self.max_bytes and len(self._batches) > 1:
-            total -= self._drop_oldest("spool over its size bound")
+        while self._bytes > self.max_bytes and len(self._batches) > 1:
+            self._drop_oldest("spool over its size bound")
 
     def _enforce_age(self) -> None:
         cutoff_ms = (self.wall_clock() - self.max_age_s) * 1000
         while self._batches and self._batches[0].created_ms < cutoff_ms:
             self._drop_oldest("older than the spool's age bound")
 
-    def _drop_oldest(self, why: str) -> int:
-        batch = self._batches.pop(0)
-        size = batch.size
+    def _drop_oldest(self, why: str) -> None:
+        batch = self._batches[0]
+        self._forget(batch)
         batch.path.unlink(missing_ok=True)
         self._add_dropped(1 + batch.carried)
         log.warning("dropped spooled batch %s (%s)", batch.path.name, why)
-        return size
 
     # -- the drop counter -------------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from bench.ingest import (
     libpq_url,
     log,
     prepare_database,
+    run_and_report,
     start_server,
     stop_server,
     wait_ready,
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]
     agent_log = tmp / "agent.log"
     with open(agent_log, "wb") as err:
         agent = subprocess.Popen([sys.executable, "-m", "agent", "run"], cwd=ROOT, env=env, stderr=err)
-    stack.callback(lambda: agent.poll() is None and agent.kill())
+    stack.callback(lambda: None if agent.poll() is not None else agent.kill())
 
     deadline = time.monotonic() + 60 + args.warmup * args.interval * 4
     while journaled(agent_log) < args.warmup:
@@ -162,18 +163,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        with contextlib.ExitStack() as stack:
-            result = run(args, stack)
-    except BenchError as exc:
-        log(f"failed: {exc}")
-        return 1
-    except KeyboardInterrupt:
-        log("interrupted")
-        return 130
-    print(json.dumps(result), flush=True)
-    return 0
+    return run_and_report(run, parse_args(argv))
 
 
 if __name__ == "__main__":

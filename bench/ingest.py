@@ -1045,7 +1045,13 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    return run_and_report(run, parse_args(argv))
+
+
+def run_and_report(
+    run: Callable[[argparse.Namespace, contextlib.ExitStack], dict[str, Any]], args: argparse.Namespace
+) -> int:
+    """Run a benchmark, clean up whatever it set up, and print its figures as the last line (one JSON)."""
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         with contextlib.ExitStack() as stack:

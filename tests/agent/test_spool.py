@@ -101,3 +101,18 @@ def test_a_torn_line_in_the_middle_costs_that_record_only(tmp_path: Path) -> Non
     path = tmp_path / "open.jsonl"
     path.write_bytes(b'{"t": "head"}\n{"t": "interval", "n"\n{"t": "interval", "n": 2}\n')
     assert Journal(path).load() == [{"t": "head"}, {"t": "interval", "n": 2}]
+
+
+def test_the_byte_count_follows_puts_removals_and_restarts(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    first = spool.put(b"a" * 100)
+    spool.put(b"b" * 50)
+    assert spool.size_bytes() == 150
+    spool.remove(first)
+    assert spool.size_bytes() == 50 == Spool(tmp_path).size_bytes()
+
+
+def test_a_look_without_tidying_leaves_a_write_in_progress_alone(tmp_path: Path) -> None:
+    (tmp_path / ".000000000001-1-0.gz.tmp").write_bytes(b"being written by the service")
+    Spool(tmp_path, tidy=False)
+    assert (tmp_path / ".000000000001-1-0.gz.tmp").exists()
