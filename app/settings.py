@@ -53,6 +53,40 @@ class Settings(BaseSettings):
     )
     db_pool_size: int = Field(default=10, ge=1)
 
+    # Waste analysis: docs/waste.md explains each default.
+    prices_file: Path | None = Field(
+        default=None, description="TOML file of price overrides (docs/waste.md); unset: catalog prices only."
+    )
+    idle_util_pct: int = Field(
+        default=5, description="Utilization under this (%) is no meaningful activity; one of 1, 5, 10, 25, 50."
+    )
+    idle_min_hours: float = Field(
+        default=1.0, gt=0, description="A passthrough GPU is listed as idle once idle this long, hours."
+    )
+    underused_util_pct: float = Field(
+        default=10.0, ge=0, le=100, description="A MIG slice averaging under this (%) over the window is under-used."
+    )
+    offline_after_s: float = Field(
+        default=300.0, gt=0, description="An instance with no data for this long is offline, s."
+    )
+    gone_after_h: float = Field(
+        default=24.0, gt=0, description="An instance offline this long is taken as terminated: no more offline hours."
+    )
+
+    @field_validator("idle_util_pct")
+    @classmethod
+    def _known_bound(cls, value: int) -> int:
+        from .models import UTIL_BOUNDS
+
+        if value not in UTIL_BOUNDS:
+            raise ValueError(f"must be one of {', '.join(map(str, UTIL_BOUNDS))} (the rollup histogram's bounds)")
+        return value
+
+    @field_validator("prices_file")
+    @classmethod
+    def _expand_prices(cls, value: Path | None) -> Path | None:
+        return value.expanduser() if value is not None else None
+
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
