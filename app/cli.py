@@ -1,4 +1,4 @@
-"""`gpufleet`: serve, migrate, token create/list/revoke, maintain.
+"""`gpufleet`: serve, migrate, token create/list/revoke, maintain, prices.
 
 Every failure ends in one readable line on stderr and a non-zero exit code, never a traceback.
 """
@@ -204,6 +204,47 @@ def cmd_token_revoke(args: argparse.Namespace) -> None:
     _with_session(args, work)
 
 
+def _money(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def cmd_prices(args: argparse.Namespace) -> None:
+    from .pricing import PriceConfigError, Pricer, load_price_config
+
+    settings = _settings(args)
+    try:
+        config = load_price_config(settings.prices_file)
+    except PriceConfigError as exc:
+        _fail(f"bad price file {exc.path}: {exc.problem}")
+    pricer = Pricer(config)
+    names = list(pricer.catalog) + sorted(set(config.instance_types) - set(pricer.catalog))
+    rows = []
+    for name in names:
+        on_demand = pricer.price(instance_type=name, lifecycle="on-demand", agent_usd_per_hour=None, gpus_seen=0)
+        spot = pricer.price(instance_type=name, lifecycle="spot", agent_usd_per_hour=None, gpus_seen=0)
+        source = on_demand.source
+        if not spot.source.startswith(source):
+            source += f"; spot: {spot.source}"
+        gpus = "-" if on_demand.gpus is None else str(on_demand.gpus)
+        model = pricer.gpu_model(name) or "-"
+        usd = _money(on_demand.usd_per_instance_hour)
+        rows.append((name, model, gpus, usd, _money(on_demand.usd_per_gpu_hour), _money(spot.usd_per_gpu_hour), source))
+    width = max(len("TYPE"), *(len(r[0]) for r in rows))
+    model_width = max(len("GPU MODEL"), *(len(r[1]) for r in rows))
+    print(f"{'TYPE':<{width}}  {'GPU MODEL':<{model_width}}  GPUS  {'USD/H':>10}  USD/GPU-H  SPOT USD/GPU-H  SOURCE")
+    for name, model, gpus, usd, per_gpu, spot_per_gpu, source in rows:
+        print(
+            f"{name:<{width}}  {model:<{model_width}}  {gpus:>4}  {usd:>10}  {per_gpu:>9}  {spot_per_gpu:>14}  {source}"
+        )
+    origin = f"price file {settings.prices_file}" if settings.prices_file else "no price file"
+    spot_rule = (
+        "spot shown at on-demand prices (spot_discount_pct not set)"
+        if config.spot_discount_pct is None
+        else f"spot is on-demand less {config.spot_discount_pct:g}% where no spot price is set"
+    )
+    print(f"gpufleet: USD; catalog: us-east-1 Linux list prices; {origin}; {spot_rule}", file=sys.stderr)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpufleet", description="gpufleet server: where GPU money goes.")
     parser.add_argument("--version", action="version", version=f"gpufleet {__version__}")
@@ -227,6 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("maintain", help="make partitions ahead and drop expired ones (the server does it too)")
     db_args(p)
     p.set_defaults(func=cmd_maintain)
+
+    p = sub.add_parser("prices", help="show the price per GPU-hour of every instance type and its source")
+    p.add_argument("--file", dest="prices_file", metavar="PATH", help="TOML price file (default: GPUFLEET_PRICES_FILE)")
+    p.set_defaults(func=cmd_prices)
 
     token = sub.add_parser("token", help="API tokens").add_subparsers(
         dest="token_command", required=True, metavar="ACTION"
