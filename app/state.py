@@ -8,6 +8,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.requests import Request
 
+from .pricing.resolve import Pricer
 from .settings import Settings
 from .store.inventory import InventoryCache
 from .store.partitions import PartitionCache
@@ -20,6 +21,7 @@ class AppState:
     sessions: sessionmaker[Session]
     partitions: PartitionCache = field(default_factory=PartitionCache)
     inventory: InventoryCache = field(default_factory=InventoryCache)
+    pricer: Pricer = field(default_factory=Pricer)
 
 
 def app_state(request: Request) -> AppState:

@@ -95,8 +95,9 @@ class Pricer:
     def _spot(self, override: TypePrice | None, base: float | None, source: str) -> tuple[float | None, str]:
         if override is not None and override.spot_usd_per_hour is not None:
             return override.spot_usd_per_hour, "config spot price"
-        if base is None:
-            return None, source
+        if base is None or source == "agent":
+            # The agent's figure is what that host really costs (docs/ingest-protocol.md): no discount on top.
+            return base, source
         pct = self.config.spot_discount_pct
         if pct is None:
             # On-demand overstates what spot costs; the source says so rather than guessing a discount.
