@@ -1,0 +1,119 @@
+"""MIG: each MIG-mode GPU with its live slices and free capacity, and the slices that are under-used."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .fleet import GpuInfo, SliceInfo
+from .states import OFFLINE, UNKNOWN
+from .waste import SLICE, Unit, WasteAnalysis
+from .waste import UNPARTITIONED as UNPARTITIONED_UNIT
+
+NO_PROCESS_SHARE = 0.99
+"""A slice with no process for this share of its hours counts as holding nothing."""
+
+
+@dataclass
+class SlotView:
+    """A live slice on the layout: its state now and its figures over the window."""
+
+    slice: SliceInfo
+    unit: Unit | None
+    state: str
+    underused: bool
+    reason: str
+    """Why it is under-used, empty if it is not."""
+
+
+@dataclass
+class MigGpuView:
+    gpu: GpuInfo
+    slots: list[SlotView]
+    free_slices: int
+    """Compute slices (of 7) in no GPU instance now."""
+    capacity: Unit | None
+    """The GPU's unpartitioned capacity over the window (and its offline time)."""
+    offline: bool
+    history: list[Unit] = field(default_factory=list)
+    """Slices retired during the window."""
+
+    @property
+    def free_usd_per_hour(self) -> float | None:
+        rate = self.gpu.instance.price.usd_per_gpu_hour
+        return None if rate is None else rate * self.free_slices / 7
+
+
+def underuse_reason(unit: Unit, underused_util_pct: float) -> str:
+    """Why a slice counts as under-used over the window, or "" if it does not."""
+    if unit.covered_s <= 0:
+        return ""
+    if unit.no_proc_s >= NO_PROCESS_SHARE * unit.covered_s:
+        return "no process all window"
+    avg = unit.avg_util
+    if avg is not None and avg < underused_util_pct:
+        return f"average utilization {avg:.1f}% < {underused_util_pct:g}%"
+    return ""
+
+
+def mig_gpus(analysis: WasteAnalysis, states: dict[int, str]) -> list[MigGpuView]:
+    """Every GPU in MIG mode now, or with slices in the window, ordered by instance and index."""
+    fleet = analysis.fleet
+    slice_units = {u.slice.pk: u for u in analysis.units if u.kind == SLICE and u.slice is not None}
+    capacity = {u.gpu.pk: u for u in analysis.units if u.kind == UNPARTITIONED_UNIT}
+    limit = analysis.thresholds.underused_util_pct
+    views = []
+    for gpu in fleet.gpus.values():
+        slices = fleet.slices_by_gpu.get(gpu.pk, [])
+        if not gpu.mig_mode and not slices:
+            continue
+        offline = states.get(gpu.pk, OFFLINE) == OFFLINE
+        live = [s for s in slices if s.retired_at is None] if gpu.mig_mode else []
+        slots = []
+        for sl in live:
+            unit = slice_units.get(sl.pk)
+            reason = underuse_reason(unit, limit) if unit is not None else ""
+            state = OFFLINE if offline else states.get(sl.pk, OFFLINE)
+            slots.append(SlotView(sl, unit, state, bool(reason), reason))
+        free = gpu.unpartitioned_slices
+        if free is None:
+            free = max(0, 7 - sum(s.compute_slices for s in live)) if gpu.mig_mode else 0
+        history = [slice_units[s.pk] for s in slices if s.retired_at is not None and s.pk in slice_units]
+        views.append(MigGpuView(gpu, slots, free, capacity.get(gpu.pk), offline, history))
+    views.sort(key=lambda v: (v.gpu.instance.name, v.gpu.index))
+    return views
+
+
+@dataclass(frozen=True)
+class UnderusedSlice:
+    slot: SlotView
+    gpu: GpuInfo
+
+    @property
+    def unit(self) -> Unit:
+        assert self.slot.unit is not None
+        return self.slot.unit
+
+    @property
+    def unknown(self) -> bool:
+        return self.slot.state == UNKNOWN or self.unit.avg_util is None
+
+    @property
+    def no_process_cost(self) -> float | None:
+        """Cost of the slice's hours with no process at all, USD (priced even where utilization is unknown,
+        since a slice with no process cannot be working)."""
+        rate = self.unit.usd_per_hour
+        return None if rate is None else rate * self.unit.no_proc_s / 3600
+
+
+def underused_slices(views: list[MigGpuView]) -> list[UnderusedSlice]:
+    out = [UnderusedSlice(slot, v.gpu) for v in views for slot in v.slots if slot.underused and slot.unit]
+    out.sort(key=lambda s: -(s.unit.figures().cost))
+    return out
+
+
+def unpartitioned(views: list[MigGpuView]) -> list[MigGpuView]:
+    """MIG GPUs with free capacity now, most expensive first."""
+    out = [v for v in views if v.free_slices > 0 and not v.offline]
+    out.sort(key=lambda v: -(v.free_usd_per_hour or 0.0))
+    return out
+

@@ -1,0 +1,376 @@
+"""Cost and waste over a window: per unit of capacity, grouped any way, with totals.
+
+A unit is a passthrough GPU, a MIG slice (worth compute slices / 7 of its GPU), or the unpartitioned
+capacity of a MIG-mode GPU. Units carry seconds per state; money is seconds x the unit's price. The pages,
+their htmx fragments and the report all read these same figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from sqlalchemy.orm import Session
+
+from .fleet import Fleet, GpuInfo, InstanceInfo, SliceInfo
+from .states import Thresholds
+from .usage import DeviceUsage, window_usage
+from .window import Window
+
+HOURS_PER_MONTH = 730.0
+"""8,760 hours a year / 12: the month a projection is given for."""
+
+GPU = "gpu"
+SLICE = "slice"
+UNPARTITIONED = "unpartitioned"
+
+
+@dataclass
+class Figures:
+    """Additive figures of one unit or a group of units. Hours are GPU-equivalent hours (a 3g slice counts
+    3/7 of an hour per hour); money is USD and counts priced units only."""
+
+    gpu_hours: float = 0.0
+    active_h: float = 0.0
+    idle_held_h: float = 0.0
+    idle_h: float = 0.0
+    """Includes unpartitioned MIG capacity."""
+    unknown_h: float = 0.0
+    offline_h: float = 0.0
+    unpartitioned_h: float = 0.0
+    no_proc_h: float = 0.0
+    util_known_h: float = 0.0
+    util_sum_h: float = 0.0
+    """Utilization x hours over the hours with a figure, %*h."""
+    cost: float = 0.0
+    idle_cost: float = 0.0
+    idle_held_cost: float = 0.0
+    unused_cost: float = 0.0
+    """Cost x (1 - utilization), over hours with a utilization figure."""
+    unpartitioned_cost: float = 0.0
+    unknown_cost: float = 0.0
+    unpriced_gpu_hours: float = 0.0
+    """GPU-hours of units with no price: their money is left out of every USD figure, never counted as 0."""
+
+    def add(self, other: Figures) -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    @property
+    def avg_util(self) -> float | None:
+        """Mean utilization over hours with a figure, %; None when no hour had one."""
+        return self.util_sum_h / self.util_known_h if self.util_known_h > 0 else None
+
+    @property
+    def unknown_share(self) -> float | None:
+        """Share of covered GPU-hours whose utilization is unknown, 0-1."""
+        return self.unknown_h / self.gpu_hours if self.gpu_hours > 0 else None
+
+    @property
+    def waste(self) -> float:
+        """Cost while idle or idle-held, USD."""
+        return self.idle_cost + self.idle_held_cost
+
+    @property
+    def state_hours(self) -> dict[str, float]:
+        """GPU-hours per state, unpartitioned capacity apart from idle (for a state bar)."""
+        return {
+            "active": self.active_h,
+            "idle-held": self.idle_held_h,
+            "idle": self.idle_h - self.unpartitioned_h,
+            "unpartitioned": self.unpartitioned_h,
+            "unknown": self.unknown_h,
+            "offline": self.offline_h,
+        }
+
+    @property
+    def all_hours(self) -> float:
+        return self.gpu_hours + self.offline_h
+
+    def share(self, state: str) -> float:
+        total = self.all_hours
+        return self.state_hours[state] / total if total > 0 else 0.0
+
+
+@dataclass
+class Unit:
+    """One unit of capacity over the window, in seconds, with its price."""
+
+    kind: str
+    gpu: GpuInfo
+    slice: SliceInfo | None
+    weight: float
+    """Share of a GPU: 1, or compute slices / 7."""
+    usd_per_gpu_hour: float | None
+    covered_s: float = 0.0
+    active_s: float = 0.0
+    idle_held_s: float = 0.0
+    idle_s: float = 0.0
+    unknown_s: float = 0.0
+    offline_s: float = 0.0
+    util_known_s: float = 0.0
+    util_sum: float = 0.0
+    no_proc_s: float = 0.0
+    mem_known_s: float = 0.0
+    mem_sum: float = 0.0
+    power_known_s: float = 0.0
+    power_sum: float = 0.0
+
+    @property
+    def instance(self) -> InstanceInfo:
+        return self.gpu.instance
+
+    @property
+    def key(self) -> str:
+        if self.slice is not None:
+            return f"slice:{self.slice.pk}"
+        return f"{self.kind}:{self.gpu.pk}"
+
+    @property
+    def label(self) -> str:
+        if self.slice is not None:
+            return self.slice.label
+        if self.kind == UNPARTITIONED:
+            return f"{self.gpu.label} unpartitioned"
+        return self.gpu.label
+
+    @property
+    def usd_per_hour(self) -> float | None:
+        """What this unit costs per hour it runs, USD/h."""
+        return None if self.usd_per_gpu_hour is None else self.usd_per_gpu_hour * self.weight
+
+    @property
+    def avg_util(self) -> float | None:
+        return self.util_sum / self.util_known_s if self.util_known_s > 0 else None
+
+    @property
+    def avg_mem_mib(self) -> float | None:
+        return self.mem_sum / self.mem_known_s if self.mem_known_s > 0 else None
+
+    @property
+    def avg_power_w(self) -> float | None:
+        return self.power_sum / self.power_known_s if self.power_known_s > 0 else None
+
+    def figures(self) -> Figures:
+        h = self.weight / 3600
+        f = Figures(
+            gpu_hours=self.covered_s * h,
+            active_h=self.active_s * h,
+            idle_held_h=self.idle_held_s * h,
+            idle_h=self.idle_s * h,
+            unknown_h=self.unknown_s * h,
+            offline_h=self.offline_s * h,
+            unpartitioned_h=self.covered_s * h if self.kind == UNPARTITIONED else 0.0,
+            no_proc_h=self.no_proc_s * h,
+            util_known_h=self.util_known_s * h,
+            util_sum_h=self.util_sum * h,
+        )
+        rate = self.usd_per_gpu_hour
+        if rate is None:
+            f.unpriced_gpu_hours = f.gpu_hours
+            return f
+        f.cost = f.gpu_hours * rate
+        f.idle_cost = f.idle_h * rate
+        f.idle_held_cost = f.idle_held_h * rate
+        f.unknown_cost = f.unknown_h * rate
+        f.unused_cost = max(0.0, f.util_known_h - f.util_sum_h / 100) * rate
+        f.unpartitioned_cost = f.unpartitioned_h * rate
+        return f
+
+
+def _fill(unit: Unit, u: DeviceUsage) -> None:
+    unit.covered_s += u.covered_s
+    unit.active_s += u.active_s
+    unit.idle_held_s += u.idle_held_s
+    unit.idle_s += u.idle_s
+    unit.unknown_s += u.unknown_s
+    unit.util_known_s += u.util_known_s
+    unit.util_sum += u.util_sum
+    unit.no_proc_s += u.no_proc_s
+    unit.mem_known_s += u.mem_known_s
+    unit.mem_sum += u.mem_sum
+    unit.power_known_s += u.power_known_s
+    unit.power_sum += u.power_sum
+
+
+def _expected_s(gpu: GpuInfo, window: Window) -> float:
+    """Seconds of the window in which this GPU should have sent data."""
+    start = max(window.start, gpu.first_seen)
+    end = min(window.end, window.now, gpu.instance.tracked_until)
+    return max(0.0, (end - start).total_seconds())
+
+
+def build_units(fleet: Fleet, usage: Iterable[DeviceUsage], window: Window) -> list[Unit]:
+    """Units of the fleet from per-device usage; offline time is the GPU's expected time minus covered time."""
+    by_device: dict[int, list[DeviceUsage]] = {}
+    for u in usage:
+        by_device.setdefault(u.device_id, []).append(u)
+    units: list[Unit] = []
+    for gpu in fleet.gpus.values():
+        rate = gpu.instance.price.usd_per_gpu_hour
+        rows = by_device.get(gpu.pk, [])
+        covered = sum(r.covered_s for r in rows)
+        offline = max(0.0, _expected_s(gpu, window) - covered)
+        passthrough = [r for r in rows if not r.mig]
+        mig = [r for r in rows if r.mig]
+        if passthrough or (not mig and not gpu.mig_mode):
+            unit = Unit(GPU, gpu, None, 1.0, rate)
+            for r in passthrough:
+                _fill(unit, r)
+            unit.offline_s, offline = offline, 0.0
+            units.append(unit)
+        if mig or gpu.mig_mode:
+            free = sum(r.unpartitioned_s for r in mig)
+            units.append(
+                Unit(
+                    UNPARTITIONED,
+                    gpu,
+                    None,
+                    1.0,
+                    rate,
+                    covered_s=free,
+                    idle_s=free,
+                    util_known_s=free,
+                    no_proc_s=free,
+                    offline_s=offline,
+                )
+            )
+        for sl in fleet.slices_by_gpu.get(gpu.pk, []):
+            slice_rows = by_device.get(sl.pk)
+            if not slice_rows:
+                continue
+            unit = Unit(SLICE, gpu, sl, sl.fraction, rate)
+            for r in slice_rows:
+                _fill(unit, r)
+            units.append(unit)
+    return units
+
+
+GroupKey = Callable[[Unit], tuple[str, str]]
+
+
+def _tag_key(tag: str) -> GroupKey:
+    def key(u: Unit) -> tuple[str, str]:
+        value = u.instance.tags.get(tag)
+        return (value, value) if value is not None else ("", f"(no {tag} tag)")
+
+    return key
+
+
+def _gpu_group(u: Unit) -> tuple[str, str]:
+    return str(u.gpu.pk), u.gpu.label
+
+
+def _slice_group(u: Unit) -> tuple[str, str]:
+    return u.key, u.label
+
+
+def _instance_group(u: Unit) -> tuple[str, str]:
+    return u.instance.instance_id, u.instance.name
+
+
+def _field_group(name: str, missing: str) -> GroupKey:
+    def key(u: Unit) -> tuple[str, str]:
+        value = getattr(u.instance, name)
+        return (value, value) if value else ("", missing)
+
+    return key
+
+
+def _model_group(u: Unit) -> tuple[str, str]:
+    model = u.instance.gpu_model or u.gpu.name
+    return model, model
+
+
+GROUPS: dict[str, GroupKey] = {
+    "instance": _instance_group,
+    "instance_type": _field_group("instance_type", "(no instance type)"),
+    "region": _field_group("region", "(no region)"),
+    "availability_zone": _field_group("availability_zone", "(no zone)"),
+    "lifecycle": _field_group("lifecycle", "(no lifecycle)"),
+    "gpu_model": _model_group,
+    "gpu": _gpu_group,
+    "slice": _slice_group,
+}
+
+
+def group_key(name: str) -> GroupKey:
+    """The grouping function for a group-by name (`tag:<key>` for a tag); KeyError if unknown."""
+    if name.startswith("tag:") and len(name) > 4:
+        return _tag_key(name[4:])
+    return GROUPS[name]
+
+
+def is_group_name(name: str) -> bool:
+    return name in GROUPS or (name.startswith("tag:") and len(name) > 4)
+
+
+@dataclass
+class GroupRow:
+    key: str
+    label: str
+    figures: Figures = field(default_factory=Figures)
+    units: list[Unit] = field(default_factory=list)
+    gpus: set[int] = field(default_factory=set)
+    prices: set[str] = field(default_factory=set)
+    """Sources of the prices of this row's units."""
+
+    @property
+    def sample(self) -> Unit:
+        return self.units[0]
+
+
+@dataclass
+class WasteAnalysis:
+    window: Window
+    thresholds: Thresholds
+    units: list[Unit]
+    totals: Figures
+    fleet: Fleet
+
+    def group(self, by: str) -> list[GroupRow]:
+        """Rows per group, largest waste first."""
+        key = group_key(by)
+        rows: dict[str, GroupRow] = {}
+        for unit in self.units:
+            k, label = key(unit)
+            row = rows.get(k)
+            if row is None:
+                row = rows[k] = GroupRow(k, label)
+            row.figures.add(unit.figures())
+            row.units.append(unit)
+            row.gpus.add(unit.gpu.pk)
+            row.prices.add(unit.instance.price.source)
+        return sorted(rows.values(), key=lambda r: (-r.figures.waste, -r.figures.cost, r.label))
+
+    def monthly(self, usd: float) -> float:
+        """USD over the window scaled to a 730-hour month at the same rate."""
+        hours = self.window.hours
+        return usd / hours * HOURS_PER_MONTH if hours > 0 else 0.0
+
+    @property
+    def projected_monthly_waste(self) -> float:
+        return self.monthly(self.totals.waste)
+
+    @property
+    def has_data(self) -> bool:
+        return self.totals.all_hours > 0
+
+
+def summarise(units: Iterable[Unit]) -> Figures:
+    total = Figures()
+    for unit in units:
+        total.add(unit.figures())
+    return total
+
+
+def analyse_waste(session: Session, fleet: Fleet, window: Window, thresholds: Thresholds) -> WasteAnalysis:
+    """Figures for every unit of `fleet` over `window`, from the rollups."""
+    ids: list[int] | None = fleet.device_ids()
+    if ids is not None and len(ids) > 2000:
+        # Reading everything and dropping what the filters exclude is cheaper than a long id list.
+        ids = None
+    usage = window_usage(session, window, idle_util_pct=thresholds.idle_util_pct, device_ids=ids)
+    units = build_units(fleet, usage, window)
+    return WasteAnalysis(window=window, thresholds=thresholds, units=units, totals=summarise(units), fleet=fleet)
+

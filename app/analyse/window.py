@@ -1,0 +1,196 @@
+"""The time window and the filters of an analysis, as they come from a query string.
+
+Rollups are hourly, so every window starts and ends on a UTC hour. The presets that span days start at a UTC
+midnight: those read one daily rollup row per device per day, which keeps a 30-day view as cheap as a day.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+HOUR = timedelta(hours=1)
+DAY = timedelta(days=1)
+PRESETS: dict[str, timedelta] = {
+    "1h": HOUR,
+    "6h": 6 * HOUR,
+    "24h": DAY,
+    "7d": 7 * DAY,
+    "30d": 30 * DAY,
+}
+DEFAULT_PRESET = "24h"
+LIFECYCLES = ("spot", "on-demand", "on-prem")
+MAX_WINDOW = timedelta(days=400)
+
+
+class WindowError(ValueError):
+    """A window or filter parameter that cannot be used; `param` names it."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+        self.message = message
+
+
+def floor_hour(t: datetime) -> datetime:
+    return t.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def ceil_hour(t: datetime) -> datetime:
+    f = floor_hour(t)
+    return f if f == t else f + HOUR
+
+
+def floor_day(t: datetime) -> datetime:
+    return floor_hour(t).replace(hour=0)
+
+
+def ceil_day(t: datetime) -> datetime:
+    f = floor_day(t)
+    return f if f == t else f + DAY
+
+
+@dataclass(frozen=True)
+class Window:
+    """[start, end) on UTC hour boundaries; `now` is when the analysis runs (end may lie past it)."""
+
+    start: datetime
+    end: datetime
+    now: datetime
+    label: str
+
+    @property
+    def hours(self) -> float:
+        """Length of the window up to now, hours (the part that can hold data)."""
+        return max(0.0, (min(self.end, self.now) - self.start).total_seconds() / 3600)
+
+    @property
+    def seconds(self) -> float:
+        return self.hours * 3600
+
+    @property
+    def is_live(self) -> bool:
+        """The window reaches the present, so its figures change as data arrives."""
+        return self.end > self.now
+
+    def rollup_ranges(self) -> tuple[tuple[datetime, datetime] | None, list[tuple[datetime, datetime]]]:
+        """Which rows to read: a range of whole days from the daily rollups, and hour ranges for the rest.
+
+        Today's daily row holds what has arrived so far today, so a window that reaches the present can read
+        it instead of today's hours.
+        """
+        days_from = ceil_day(self.start)
+        days_to = floor_day(self.end)
+        today = floor_day(self.now)
+        if self.end > self.now and days_from <= today:
+            days_to = max(days_to, today + DAY)
+        if days_from >= days_to:
+            return None, [(self.start, self.end)]
+        hours = []
+        if self.start < days_from:
+            hours.append((self.start, days_from))
+        if days_to < self.end:
+            hours.append((days_to, self.end))
+        return (days_from, days_to), hours
+
+
+def preset_window(name: str, now: datetime) -> Window:
+    span = PRESETS[name]
+    end = floor_hour(now) + HOUR
+    start = end - span
+    if span >= 7 * DAY:
+        # A day-long preset starts at midnight so it reads daily rows only; it spans the last N calendar days.
+        start = floor_day(now) - span + DAY
+    return Window(start=start, end=end, now=now, label=name)
+
+
+def _parse_time(param: str, value: str) -> datetime:
+    try:
+        t = datetime.fromisoformat(value.strip().replace("Z", "+00:00").replace(" ", "+"))
+    except ValueError:
+        raise WindowError(param, f"not an ISO 8601 time: {value!r}") from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    return t.astimezone(UTC)
+
+
+def parse_window(
+    window: str | None, start: str | None, end: str | None, *, now: datetime, default: str = DEFAULT_PRESET
+) -> Window:
+    """A preset (`window=24h`) or explicit `start`/`end` (ISO 8601; end defaults to now), rounded out to hours."""
+    if start or end:
+        if window:
+            raise WindowError("window", "give either window or start/end, not both")
+        if not start:
+            raise WindowError("start", "required with end")
+        t0 = _parse_time("start", start)
+        t1 = _parse_time("end", end) if end else now
+        if t1 <= t0:
+            raise WindowError("end", "must be after start")
+        if t1 - t0 > MAX_WINDOW:
+            raise WindowError("end", f"window longer than {MAX_WINDOW.days} days")
+        s, e = floor_hour(t0), ceil_hour(t1)
+        return Window(start=s, end=e, now=now, label=f"{s:%Y-%m-%d %H:%M} to {e:%Y-%m-%d %H:%M} UTC")
+    name = window or default
+    if name not in PRESETS:
+        raise WindowError("window", f"unknown window {name!r}; one of {', '.join(PRESETS)}")
+    return preset_window(name, now)
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Which instances an analysis covers; empty means all. Tags match when the instance has every pair."""
+
+    regions: tuple[str, ...] = ()
+    instance_types: tuple[str, ...] = ()
+    lifecycles: tuple[str, ...] = ()
+    tags: tuple[tuple[str, str], ...] = ()
+    instance_ids: tuple[str, ...] = field(default=())
+
+    @property
+    def active(self) -> bool:
+        return bool(self.regions or self.instance_types or self.lifecycles or self.tags or self.instance_ids)
+
+    def match(
+        self, *, region: str | None, instance_type: str | None, lifecycle: str | None, tags: Mapping[str, str]
+    ) -> bool:
+        if self.regions and region not in self.regions:
+            return False
+        if self.instance_types and instance_type not in self.instance_types:
+            return False
+        if self.lifecycles and lifecycle not in self.lifecycles:
+            return False
+        return all(tags.get(k) == v for k, v in self.tags)
+
+
+def _clean(values: Sequence[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(v.strip() for v in values if v and v.strip()))
+
+
+def parse_tag(value: str) -> tuple[str, str]:
+    key, sep, val = value.partition(":")
+    if not sep:
+        key, sep, val = value.partition("=")
+    if not sep or not key.strip():
+        raise WindowError("tag", f"expected key:value, got {value!r}")
+    return key.strip(), val.strip()
+
+
+def parse_filters(
+    *,
+    region: Sequence[str] = (),
+    instance_type: Sequence[str] = (),
+    lifecycle: Sequence[str] = (),
+    tag: Sequence[str] = (),
+) -> Filters:
+    lifecycles = _clean(lifecycle)
+    for value in lifecycles:
+        if value not in LIFECYCLES:
+            raise WindowError("lifecycle", f"unknown lifecycle {value!r}; one of {', '.join(LIFECYCLES)}")
+    return Filters(
+        regions=_clean(region),
+        instance_types=_clean(instance_type),
+        lifecycles=lifecycles,
+        tags=tuple(dict.fromkeys(parse_tag(t) for t in _clean(tag))),
+    )

@@ -1,0 +1,459 @@
+"""The dashboard's pages. Each handler parses the query string, runs the analysis and renders a template; an
+htmx request gets only the page's `live` block, built from the same figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse
+from sqlalchemy.orm import Session
+
+from ..analyse.fleet import GONE, OFFLINE, ONLINE, Fleet, load_fleet
+from ..analyse.idle import idle_gpus
+from ..analyse.mig import MigGpuView, mig_gpus, underused_slices, unpartitioned
+from ..analyse.now import count_now, current_state, latest_samples
+from ..analyse.series import device_series, series_step
+from ..analyse.states import OFFLINE as STATE_OFFLINE
+from ..analyse.states import UNPARTITIONED, Thresholds
+from ..analyse.waste import GPU, GROUPS, SLICE, analyse_waste, is_group_name
+from ..analyse.window import PRESETS, Filters, Window, WindowError, parse_filters, parse_window
+from ..sources import SOURCE_NAMES
+from ..state import AppState, app_state
+from .charts import MigSlot, Series, mig_layout_svg, state_bar_svg, timeseries_svg
+from .templating import is_htmx, render
+
+router = APIRouter(include_in_schema=False)
+
+REFRESH_S = 30
+TOP = 10
+
+
+@dataclass(frozen=True)
+class Query:
+    window: Window
+    filters: Filters
+    sort: str | None
+    dir: str
+
+
+def _query(request: Request, now: datetime) -> Query:
+    q = request.query_params
+    window = parse_window(q.get("window") or None, q.get("start") or None, q.get("end") or None, now=now)
+    filters = parse_filters(
+        region=q.getlist("region"),
+        instance_type=q.getlist("instance_type"),
+        lifecycle=q.getlist("lifecycle"),
+        tag=q.getlist("tag"),
+    )
+    direction = q.get("dir", "desc")
+    if direction not in ("asc", "desc"):
+        raise WindowError("dir", "must be asc or desc")
+    return Query(window, filters, q.get("sort") or None, direction)
+
+
+def sort_rows(rows: Sequence[Any], columns: dict[str, Callable[[Any], Any]], sort: str | None, direction: str,
+              default: str) -> tuple[list[Any], str]:
+    """Rows ordered by one column; rows whose value is None go last either way. Unknown columns: default."""
+    key = sort if sort in columns else default
+    get = columns[key]
+    present = [r for r in rows if get(r) is not None]
+    absent = [r for r in rows if get(r) is None]
+    present.sort(key=get, reverse=direction == "desc")
+    return present + absent, key
+
+
+def _thresholds(state: AppState) -> Thresholds:
+    return Thresholds.from_settings(state.settings)
+
+
+def _fleet(session: Session, state: AppState, q: Query, now: datetime) -> Fleet:
+    return load_fleet(
+        session, filters=q.filters, pricer=state.pricer, thresholds=_thresholds(state), now=now, since=q.window.start
+    )
+
+
+def _page(
+    request: Request,
+    template: str,
+    page: str,
+    build: Callable[[Session, AppState, Query, datetime], dict[str, Any]],
+) -> HTMLResponse:
+    state = app_state(request)
+    now = datetime.now(UTC)
+    try:
+        q = _query(request, now)
+    except WindowError as err:
+        return render(
+            request,
+            "error.html",
+            {"page": page, "title": "Bad request", "message": str(err), "param": err.param},
+            status_code=400,
+        )
+    with state.sessions() as session:
+        context = build(session, state, q, now)
+    fleet = context.get("fleet")
+    context.update(
+        filter_options=_filter_options(fleet),
+        filter_current=_filter_current(q),
+        page=page,
+        now=now,
+        window=q.window,
+        filters=q.filters,
+        sort=context.get("sort", q.sort),
+        dir=q.dir,
+        presets=list(PRESETS),
+        refresh_s=REFRESH_S,
+        thresholds=_thresholds(state),
+    )
+    status = 404 if "missing" in context else 200
+    return render(request, template, context, block="live" if is_htmx(request) else None, status_code=status)
+
+
+def _filter_options(fleet: Fleet | None) -> dict[str, list[str]]:
+    if fleet is None:
+        return {}
+    return {"region": fleet.options.regions, "instance_type": fleet.options.instance_types}
+
+
+def _filter_current(q: Query) -> dict[str, Any]:
+    return {
+        "window": q.window.label if q.window.label in PRESETS else None,
+        "region": list(q.filters.regions),
+        "instance_type": list(q.filters.instance_types),
+        "lifecycle": list(q.filters.lifecycles),
+        "tag": [f"{k}:{v}" for k, v in q.filters.tags],
+    }
+
+
+def _no_agents(fleet: Fleet) -> bool:
+    return fleet.total_instances == 0
+
+
+def _overview(session: Session, state: AppState, q: Query, now: datetime) -> dict[str, Any]:
+    t = _thresholds(state)
+    fleet = _fleet(session, state, q, now)
+    analysis = analyse_waste(session, fleet, q.window, t)
+    latest = latest_samples(session, now=now, thresholds=t)
+    states = current_state(fleet, latest)
+    idle = idle_gpus(session, fleet, latest, now=now, thresholds=t)
+    totals = analysis.totals
+    units = [u for u in analysis.units if u.figures().waste > 0]
+    units.sort(key=lambda u: -u.figures().waste)
+    status = {s: sum(1 for i in fleet.instances.values() if i.status == s) for s in (ONLINE, OFFLINE, GONE)}
+    tag_key = request_tag_key(fleet)
+    return {
+        "fleet": fleet,
+        "analysis": analysis,
+        "totals": totals,
+        "no_agents": _no_agents(fleet),
+        "status": status,
+        "mig_gpus": sum(1 for g in fleet.gpus.values() if g.mig_mode),
+        "live_slices": sum(1 for s in fleet.slices.values() if s.retired_at is None),
+        "now_counts": count_now(fleet, states),
+        "idle": idle,
+        "idle_burn_per_day": sum(g.usd_per_day or 0.0 for g in idle),
+        "state_bar": state_bar_svg(totals.state_hours),
+        "by_type": analysis.group("instance_type")[:TOP],
+        "tag_key": tag_key,
+        "by_tag": analysis.group(f"tag:{tag_key}")[:TOP] if tag_key else [],
+        "top_units": units[:TOP],
+    }
+
+
+def request_tag_key(fleet: Fleet) -> str | None:
+    """The tag the overview groups by: `team` when any instance has it, else the most common key."""
+    keys = [t.split(":", 1)[0] for t in fleet.options.tags]
+    if "team" in keys:
+        return "team"
+    return keys[0] if keys else None
+
+
+@router.get("/", response_class=HTMLResponse)
+def overview(request: Request) -> HTMLResponse:
+    return _page(request, "overview.html", "overview", _overview)
+
+
+_IDLE_COLUMNS: dict[str, Callable[[Any], Any]] = {
+    "instance": lambda g: g.gpu.instance.name,
+    "type": lambda g: g.gpu.instance.instance_type,
+    "since": lambda g: g.since,
+    "hours": lambda g: g.idle_hours,
+    "burned": lambda g: g.burned_usd,
+    "per_day": lambda g: g.usd_per_day,
+    "mem": lambda g: g.latest.mem_used_mib if g.latest else None,
+}
+
+
+def _idle(session: Session, state: AppState, q: Query, now: datetime) -> dict[str, Any]:
+    t = _thresholds(state)
+    fleet = _fleet(session, state, q, now)
+    latest = latest_samples(session, now=now, thresholds=t)
+    idle = idle_gpus(session, fleet, latest, now=now, thresholds=t)
+    rows, sort = sort_rows(idle, _IDLE_COLUMNS, q.sort, q.dir, "burned")
+    return {
+        "fleet": fleet,
+        "no_agents": _no_agents(fleet),
+        "rows": rows,
+        "sort": sort,
+        "burned": sum(g.burned_usd or 0.0 for g in idle),
+        "per_day": sum(g.usd_per_day or 0.0 for g in idle),
+        "unpriced": sum(1 for g in idle if g.usd_per_hour is None),
+    }
+
+
+@router.get("/gpus/idle", response_class=HTMLResponse)
+def idle_page(request: Request) -> HTMLResponse:
+    return _page(request, "idle.html", "idle", _idle)
+
+
+def _mig(session: Session, state: AppState, q: Query, now: datetime) -> dict[str, Any]:
+    t = _thresholds(state)
+    fleet = _fleet(session, state, q, now)
+    analysis = analyse_waste(session, fleet, q.window, t)
+    latest = latest_samples(session, now=now, thresholds=t, device_ids=fleet.device_ids() or [])
+    views = mig_gpus(analysis, current_state(fleet, latest))
+    free = unpartitioned(views)
+    return {
+        "layouts": [mig_layout_svg(_slots(v)) for v in views],
+        "fleet": fleet,
+        "no_agents": _no_agents(fleet),
+        "views": views,
+        "underused": underused_slices(views),
+        "free": free,
+        "free_per_hour": sum(v.free_usd_per_hour or 0.0 for v in free),
+        "analysis": analysis,
+    }
+
+
+def _slots(view: MigGpuView) -> list[MigSlot]:
+    """Slices side by side in GPU-instance order, then the free capacity: NVML placement is not reported, so
+    the columns show shares of the GPU, not physical slice positions."""
+    slots = []
+    column = 0
+    for slot in view.slots:
+        size = min(slot.slice.compute_slices, 7 - column)
+        if size <= 0:
+            break
+        unit = slot.unit
+        util = unit.avg_util if unit is not None else None
+        detail = f"{slot.slice.profile} (GI {slot.slice.gpu_instance_id}): {slot.state} now"
+        detail += f", {util:.1f}% average" if util is not None else ", utilization unknown"
+        if slot.reason:
+            detail += f"; under-used: {slot.reason}"
+        slots.append(MigSlot(column, size, slot.slice.profile, slot.state, detail))
+        column += size
+    free = min(view.free_slices, 7 - column)
+    if free > 0:
+        state = STATE_OFFLINE if view.offline else UNPARTITIONED
+        slots.append(MigSlot(column, free, f"{free} free", state, f"{free} of 7 compute slices in no slice"))
+    return slots
+
+
+@router.get("/mig", response_class=HTMLResponse)
+def mig_page(request: Request) -> HTMLResponse:
+    return _page(request, "mig.html", "mig", _mig)
+
+
+_GROUP_COLUMNS: dict[str, Callable[[Any], Any]] = {
+    "label": lambda r: r.label.lower(),
+    "gpu_hours": lambda r: r.figures.gpu_hours,
+    "util": lambda r: r.figures.avg_util,
+    "unknown": lambda r: r.figures.unknown_share,
+    "cost": lambda r: r.figures.cost,
+    "idle_cost": lambda r: r.figures.idle_cost,
+    "held_cost": lambda r: r.figures.idle_held_cost,
+    "unused_cost": lambda r: r.figures.unused_cost,
+    "waste": lambda r: r.figures.waste,
+    "offline": lambda r: r.figures.offline_h,
+}
+GROUP_LABELS = {
+    "instance": "Instance",
+    "instance_type": "Instance type",
+    "region": "Region",
+    "availability_zone": "Availability zone",
+    "lifecycle": "Lifecycle",
+    "gpu_model": "GPU model",
+    "gpu": "GPU",
+    "slice": "GPU / slice",
+}
+
+
+def _group_by(fleet: Fleet) -> dict[str, str]:
+    options = dict(GROUP_LABELS)
+    for key in sorted({t.split(":", 1)[0] for t in fleet.options.tags}):
+        options[f"tag:{key}"] = f"Tag {key}"
+    return options
+
+
+@router.get("/waste", response_class=HTMLResponse)
+def waste_page(request: Request) -> HTMLResponse:
+    group_by = request.query_params.get("group_by") or "instance_type"
+
+    def build(session: Session, state: AppState, q: Query, now: datetime) -> dict[str, Any]:
+        t = _thresholds(state)
+        fleet = _fleet(session, state, q, now)
+        analysis = analyse_waste(session, fleet, q.window, t)
+        rows, sort = sort_rows(analysis.group(group_by), _GROUP_COLUMNS, q.sort, q.dir, "waste")
+        return {
+            "fleet": fleet,
+            "no_agents": _no_agents(fleet),
+            "analysis": analysis,
+            "totals": analysis.totals,
+            "rows": rows,
+            "sort": sort,
+            "group_by": group_by,
+            "group_by_options": _group_by(fleet),
+            "monthly": analysis.monthly,
+        }
+
+    if not is_group_name(group_by):
+        return render(
+            request,
+            "error.html",
+            {
+                "page": "waste",
+                "title": "Bad request",
+                "message": f"group_by: unknown grouping {group_by!r}; one of {', '.join(GROUPS)} or tag:<key>",
+                "param": "group_by",
+            },
+            status_code=400,
+        )
+    return _page(request, "waste.html", "waste", build)
+
+
+_INSTANCE_COLUMNS: dict[str, Callable[[Any], Any]] = {
+    "name": lambda r: (r["instance"].name.lower(), r["instance"].instance_id),
+    "type": lambda r: r["instance"].instance_type,
+    "region": lambda r: r["instance"].region,
+    "gpus": lambda r: r["gpus"],
+    "last_seen": lambda r: r["instance"].last_seen,
+    "price": lambda r: r["instance"].price.usd_per_instance_hour,
+    "cost": lambda r: r["figures"].cost,
+    "waste": lambda r: r["figures"].waste,
+    "util": lambda r: r["figures"].avg_util,
+}
+
+
+def _instances(session: Session, state: AppState, q: Query, now: datetime) -> dict[str, Any]:
+    t = _thresholds(state)
+    fleet = _fleet(session, state, q, now)
+    analysis = analyse_waste(session, fleet, q.window, t)
+    by_instance = {r.key: r for r in analysis.group("instance")}
+    gpu_counts: dict[int, int] = {}
+    mig_counts: dict[int, int] = {}
+    for g in fleet.gpus.values():
+        gpu_counts[g.instance.pk] = gpu_counts.get(g.instance.pk, 0) + 1
+        if g.mig_mode:
+            mig_counts[g.instance.pk] = mig_counts.get(g.instance.pk, 0) + 1
+    rows = []
+    for inst in fleet.instances.values():
+        group = by_instance.get(inst.instance_id)
+        rows.append(
+            {
+                "instance": inst,
+                "gpus": gpu_counts.get(inst.pk, 0),
+                "mig": mig_counts.get(inst.pk, 0),
+                "figures": group.figures if group else None,
+            }
+        )
+    columns = dict(_INSTANCE_COLUMNS)
+    columns["cost"] = lambda r: r["figures"].cost if r["figures"] else None
+    columns["waste"] = lambda r: r["figures"].waste if r["figures"] else None
+    columns["util"] = lambda r: r["figures"].avg_util if r["figures"] else None
+    rows, sort = sort_rows(rows, columns, q.sort, q.dir, "waste")
+    return {"fleet": fleet, "no_agents": _no_agents(fleet), "rows": rows, "sort": sort, "analysis": analysis}
+
+
+@router.get("/instances", response_class=HTMLResponse)
+def instances_page(request: Request) -> HTMLResponse:
+    return _page(request, "instances.html", "instances", _instances)
+
+
+@dataclass
+class DeviceCharts:
+    title: str
+    util: Any
+    mem: Any
+    power: Any
+
+
+def _instance_detail(instance_id: str) -> Callable[[Session, AppState, Query, datetime], dict[str, Any]]:
+    def build(session: Session, state: AppState, q: Query, now: datetime) -> dict[str, Any]:
+        t = _thresholds(state)
+        scoped = Query(q.window, Filters(instance_ids=(instance_id,)), q.sort, q.dir)
+        fleet = _fleet(session, state, scoped, now)
+        if not fleet.instances:
+            return {"missing": instance_id, "fleet": fleet}
+        inst = next(iter(fleet.instances.values()))
+        analysis = analyse_waste(session, fleet, q.window, t)
+        ids = fleet.device_ids()
+        latest = latest_samples(session, now=now, thresholds=t, device_ids=ids)
+        states = current_state(fleet, latest)
+        step = series_step(q.window, inst.interval_s)
+        series = device_series(session, ids, q.window, step_s=step)
+        units = {u.key: u for u in analysis.units}
+        gpus = []
+        for gpu in sorted(fleet.gpus.values(), key=lambda g: g.index):
+            slices = [s for s in fleet.slices_by_gpu.get(gpu.pk, []) if s.retired_at is None]
+            devices = [(f"GPU {gpu.index}", gpu.pk, "s-gpu")] + [
+                (f"{s.profile} GI {s.gpu_instance_id}", s.pk, f"s-slice-{i % 7}") for i, s in enumerate(slices)
+            ]
+            charts = {}
+            for metric, label, y_max in (("util", "Utilization, %", 100.0), ("mem_used_mib", "Memory, MiB", None),
+                                         ("power_w", "Power, W", None)):
+                chart_series = [
+                    Series(name, [(p.ts, getattr(p, metric)) for p in series.get(pk, [])], css)
+                    for name, pk, css in devices
+                    if metric != "power_w" or pk == gpu.pk
+                ]
+                charts[metric] = timeseries_svg(
+                    chart_series,
+                    start=q.window.start,
+                    end=min(q.window.end, now),
+                    step_s=step,
+                    y_label=label,
+                    y_max=y_max if metric == "util" else (float(gpu.memory_total_mib) if metric == "mem_used_mib" and gpu.memory_total_mib else None),
+                    title=f"{gpu.label}: {label}",
+                )
+            gpus.append(
+                {
+                    "gpu": gpu,
+                    "state": states.get(gpu.pk),
+                    "latest": latest.get(gpu.pk),
+                    "unit": units.get(f"{GPU}:{gpu.pk}"),
+                    "slices": [
+                        {
+                            "slice": s,
+                            "state": states.get(s.pk),
+                            "latest": latest.get(s.pk),
+                            "unit": units.get(f"{SLICE}:{s.pk}"),
+                        }
+                        for s in slices
+                    ],
+                    "charts": charts,
+                }
+            )
+        group = analysis.group("instance")
+        return {
+            "fleet": fleet,
+            "instance": inst,
+            "analysis": analysis,
+            "figures": group[0].figures if group else None,
+            "gpus": gpus,
+            "step_s": step,
+            "source_names": SOURCE_NAMES,
+        }
+
+    return build
+
+
+@router.get("/instances/{instance_id}", response_class=HTMLResponse)
+def instance_page(request: Request, instance_id: str) -> HTMLResponse:
+    response = _page(request, "instance.html", "instances", _instance_detail(instance_id))
+    return response
+

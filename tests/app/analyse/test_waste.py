@@ -1,0 +1,152 @@
+"""Cost and waste on constructed data: every expected figure is worked out by hand."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from app.analyse.waste import GPU, SLICE, UNPARTITIONED
+from app.analyse.window import Filters
+from tests.app.analyse.conftest import P4D_PER_GPU_HOUR, Analyst, Feeder, busy, held, idle, unknown
+from tests.factories import gpu, mig_slice
+
+H = timedelta(hours=1)
+A100_MIG_REASON = "A100 MIG: NVML gives no per-slice utilization"
+
+
+def test_three_idle_hours_on_p4d_cost_three_gpu_hours(feeder: Feeder, analyst: Analyst) -> None:
+    t0 = feeder.t0
+    feeder.feed([gpu(0)], start=t0, hours=3, fn=idle)
+    a = analyst.waste(t0, t0 + 3 * H)
+    assert len(a.units) == 1 and a.units[0].kind == GPU
+    f = a.totals
+    assert f.idle_h == pytest.approx(3.0)
+    assert f.idle_cost == pytest.approx(3 * 21.957642 / 8)
+    assert f.cost == pytest.approx(3 * P4D_PER_GPU_HOUR)
+    assert f.unused_cost == pytest.approx(3 * P4D_PER_GPU_HOUR)
+    assert f.active_h == f.idle_held_h == f.unknown_h == f.offline_h == 0
+    assert f.waste == pytest.approx(f.idle_cost)
+    # Projected to a 730-hour month at the same rate.
+    assert a.projected_monthly_waste == pytest.approx(730 * P4D_PER_GPU_HOUR)
+
+
+def test_held_memory_or_process_is_idle_held(feeder: Feeder, analyst: Analyst) -> None:
+    t0 = feeder.t0
+    feeder.feed([gpu(0)], start=t0, hours=2, fn=held)
+    f = analyst.waste(t0, t0 + 2 * H).totals
+    assert f.idle_held_h == pytest.approx(2.0)
+    assert f.idle_h == 0
+    assert f.idle_held_cost == pytest.approx(2 * P4D_PER_GPU_HOUR)
+    assert f.waste == pytest.approx(2 * P4D_PER_GPU_HOUR)
+
+
+def test_activity_and_unused_capacity(feeder: Feeder, analyst: Analyst) -> None:
+    t0 = feeder.t0
+    feeder.feed([gpu(0)], start=t0, hours=1, fn=busy(40.0))
+    f = analyst.waste(t0, t0 + H).totals
+    assert f.active_h == pytest.approx(1.0)
+    assert f.avg_util == pytest.approx(40.0)
+    assert f.waste == 0
+    assert f.unused_cost == pytest.approx(0.6 * P4D_PER_GPU_HOUR)
+
+
+def test_offline_gap_is_neither_idle_nor_priced(feeder: Feeder, analyst: Analyst) -> None:
+    t0 = feeder.t0
+    g = [gpu(0)]
+    feeder.feed(g, start=t0, hours=1, fn=idle)
+    feeder.feed(g, start=t0 + 2 * H, hours=1, fn=idle)
+    f = analyst.waste(t0, t0 + 3 * H).totals
+    assert f.offline_h == pytest.approx(1.0)
+    assert f.idle_h == pytest.approx(2.0)
+    assert f.cost == pytest.approx(2 * P4D_PER_GPU_HOUR)
+    assert f.share("offline") == pytest.approx(1 / 3)
+
+
+def test_time_before_a_gpu_first_reported_is_not_offline(feeder: Feeder, analyst: Analyst) -> None:
+    t0 = feeder.t0
+    feeder.feed([gpu(0)], start=t0 + H, hours=1, fn=idle)
+    f = analyst.waste(t0, t0 + 2 * H).totals
+    assert f.offline_h == 0
+    assert f.idle_h == pytest.approx(1.0)
+
+
+def test_unknown_slice_is_never_idle_or_active(feeder: Feeder, analyst: Analyst) -> None:
+    t0 = feeder.t0
+    g = gpu(0, mig=True, slices=[mig_slice(1, "3g.20gb")], unpartitioned=4)
+    feeder.feed([g], start=t0, hours=2, fn=unknown)
+    a = analyst.waste(t0, t0 + 2 * H)
+    kinds = {u.kind: u for u in a.units}
+    assert set(kinds) == {SLICE, UNPARTITIONED}
+    f = a.totals
+    # The 3g slice: 3/7 of the GPU for 2 h, utilization unknown.
+    assert f.unknown_h == pytest.approx(2 * 3 / 7)
+    assert f.active_h == 0 and f.idle_held_h == 0
+    # The 4 free slices are idle capacity, priced as waste.
+    assert f.unpartitioned_h == pytest.approx(2 * 4 / 7)
+    assert f.idle_h == pytest.approx(2 * 4 / 7)
+    assert f.unpartitioned_cost == pytest.approx(2 * 4 / 7 * P4D_PER_GPU_HOUR)
+    assert f.cost == pytest.approx(2 * P4D_PER_GPU_HOUR)
+    assert f.unknown_share == pytest.approx(3 / 7)
+    assert f.avg_util == pytest.approx(0.0)  # only the free capacity has a figure
+
+
+def test_mig_reconfiguration_mid_window(feeder: Feeder, analyst: Analyst) -> None:
+    t0 = feeder.t0
+    uid = "GPU-reconfigured"
+    before = gpu(0, uid=uid, mig=True, slices=[mig_slice(i, "1g.5gb") for i in range(1, 8)], unpartitioned=0)
+    after = gpu(0, uid=uid, mig=True, slices=[mig_slice(1, "4g.20gb"), mig_slice(2, "2g.10gb")], unpartitioned=1)
+    feeder.feed([before], start=t0, hours=1, fn=busy(50.0))
+    feeder.feed([after], start=t0 + H, hours=2, fn=busy(50.0))
+    a = analyst.waste(t0, t0 + 3 * H)
+    slices = [u for u in a.units if u.kind == SLICE]
+    assert len(slices) == 9
+    f = a.totals
+    # First hour fully sliced; then 6 of 7 slices for 2 h, the 7th unpartitioned.
+    assert f.unpartitioned_h == pytest.approx(2 / 7)
+    assert f.active_h == pytest.approx(1 + 2 * 6 / 7)
+    assert f.cost == pytest.approx(3 * P4D_PER_GPU_HOUR)
+    assert sum(u.figures().gpu_hours for u in slices) == pytest.approx(1 + 2 * 6 / 7)
+
+
+def test_missing_price_is_counted_apart(feeder: Feeder, analyst: Analyst) -> None:
+    t0 = feeder.t0
+    feeder.feed([gpu(0)], start=t0, hours=2, fn=idle, instance_type="p5e.48xlarge", instance_id="i-nolistprice")
+    feeder.feed([gpu(0)], start=t0, hours=2, fn=idle, instance_id="i-p4d")
+    a = analyst.waste(t0, t0 + 2 * H)
+    f = a.totals
+    assert f.gpu_hours == pytest.approx(4.0)
+    assert f.unpriced_gpu_hours == pytest.approx(2.0)
+    assert f.cost == pytest.approx(2 * P4D_PER_GPU_HOUR)
+    rows = {r.key: r for r in a.group("instance_type")}
+    assert rows["p5e.48xlarge"].figures.cost == 0
+    assert rows["p5e.48xlarge"].figures.unpriced_gpu_hours == pytest.approx(2.0)
+    assert any(src.startswith("no price") for src in rows["p5e.48xlarge"].prices)
+
+
+def test_groups_add_up_to_totals(feeder: Feeder, analyst: Analyst) -> None:
+    t0 = feeder.t0
+    feeder.feed([gpu(0), gpu(1)], start=t0, hours=2, fn=idle, instance_id="i-a", tags={"team": "vision"})
+    feeder.feed([gpu(0)], start=t0, hours=2, fn=busy(80), instance_id="i-b", tags={"team": "nlp"},
+                instance_type="g5.xlarge", lifecycle="spot")
+    feeder.feed([gpu(0)], start=t0, hours=2, fn=held, instance_id="i-c", tags={})
+    a = analyst.waste(t0, t0 + 2 * H)
+    for by in ("instance", "instance_type", "region", "lifecycle", "gpu", "slice", "gpu_model", "tag:team"):
+        rows = a.group(by)
+        assert sum(r.figures.cost for r in rows) == pytest.approx(a.totals.cost), by
+        assert sum(r.figures.waste for r in rows) == pytest.approx(a.totals.waste), by
+    teams = {r.label: r for r in a.group("tag:team")}
+    assert set(teams) == {"vision", "nlp", "(no team tag)"}
+    assert teams["vision"].figures.idle_cost == pytest.approx(4 * P4D_PER_GPU_HOUR)
+    # Rows come largest waste first.
+    assert a.group("tag:team")[0].label == "vision"
+
+
+def test_filters_narrow_the_fleet(feeder: Feeder, analyst: Analyst) -> None:
+    t0 = feeder.t0
+    feeder.feed([gpu(0)], start=t0, hours=1, fn=idle, instance_id="i-a", tags={"team": "vision"})
+    feeder.feed([gpu(0)], start=t0, hours=1, fn=idle, instance_id="i-b", tags={"team": "nlp"}, region="eu-west-1")
+    a = analyst.waste(t0, t0 + H, filters=Filters(tags=(("team", "nlp"),)))
+    assert [u.instance.instance_id for u in a.units] == ["i-b"]
+    a = analyst.waste(t0, t0 + H, filters=Filters(regions=("us-east-1",)))
+    assert [u.instance.instance_id for u in a.units] == ["i-a"]
