@@ -73,6 +73,8 @@ class Settings(BaseSettings):
         default=24.0, gt=0, description="An instance offline this long is taken as terminated: no more offline hours."
     )
 
+    refresh_s: int = Field(default=30, ge=1, le=3600, description="How often dashboard pages refresh their figures, s.")
+
     @field_validator("idle_util_pct")
     @classmethod
     def _known_bound(cls, value: int) -> int:

@@ -59,7 +59,9 @@ class Feeder:
         done = 0
         while done < n:
             count = min(120, n - done)
-            b = batch(gpus, start=start + timedelta(seconds=step_s * done), intervals=count, duration_s=step_s, **instance)
+            b = batch(
+                gpus, start=start + timedelta(seconds=step_s * done), intervals=count, duration_s=step_s, **instance
+            )
             for iv in b["intervals"]:
                 t = datetime.fromisoformat(iv["start"])
                 samples = []

@@ -100,9 +100,7 @@ def idle_stretches(
         return {}
     horizon = (now - LOOKBACK).replace(hour=0, minute=0, second=0, microsecond=0)
     out: dict[int, tuple[datetime, float, float, bool]] = {}
-    rows = session.execute(
-        text(_stretch_sql(idle_util_pct)), {"ids": list(gpu_ids), "horizon": horizon}
-    ).all()
+    rows = session.execute(text(_stretch_sql(idle_util_pct)), {"ids": list(gpu_ids), "horizon": horizon}).all()
     for device_id, since, below, free in rows:
         out[device_id] = (since, float(below), float(below) - float(free), since <= horizon)
     return out
@@ -120,9 +118,7 @@ def idle_gpus(
         and gpu.pk in latest
         and latest[gpu.pk].state in (IDLE, IDLE_HELD)
     ]
-    stretches = idle_stretches(
-        session, [g.pk for g in candidates], now=now, idle_util_pct=thresholds.idle_util_pct
-    )
+    stretches = idle_stretches(session, [g.pk for g in candidates], now=now, idle_util_pct=thresholds.idle_util_pct)
     out = []
     min_span = timedelta(hours=thresholds.idle_min_hours)
     for gpu in candidates:

@@ -116,4 +116,3 @@ def unpartitioned(views: list[MigGpuView]) -> list[MigGpuView]:
     out = [v for v in views if v.free_slices > 0 and not v.offline]
     out.sort(key=lambda v: -(v.free_usd_per_hour or 0.0))
     return out
-

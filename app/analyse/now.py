@@ -63,7 +63,7 @@ class NowCounts:
     """Passthrough GPUs per state."""
     slices: Counter[str]
     """MIG slices per state (count of slices)."""
-    gpu_equivalents: Counter[str]
+    gpu_equivalents: dict[str, float]
     """Passthrough GPUs, slices by their fraction and unpartitioned capacity, per state."""
 
 
@@ -81,21 +81,22 @@ def current_state(fleet: Fleet, latest: dict[int, Latest]) -> dict[int, str]:
 def count_now(fleet: Fleet, states: dict[int, str]) -> NowCounts:
     gpus: Counter[str] = Counter()
     slices: Counter[str] = Counter()
-    equivalents: Counter[str] = Counter()
+    equivalents: dict[str, float] = {}
     for pk, gpu in fleet.gpus.items():
         live = [s for s in fleet.slices_by_gpu.get(pk, []) if s.retired_at is None]
         if not gpu.mig_mode:
             gpus[states[pk]] += 1
-            equivalents[states[pk]] += 1
+            equivalents[states[pk]] = equivalents.get(states[pk], 0.0) + 1
             continue
         gpu_offline = states[pk] == OFFLINE
         for sl in live:
             state = OFFLINE if gpu_offline else states[sl.pk]
             slices[state] += 1
-            equivalents[state] += sl.fraction
+            equivalents[state] = equivalents.get(state, 0.0) + sl.fraction
         free = gpu.unpartitioned_slices
         if free is None:
             free = max(0, 7 - sum(s.compute_slices for s in live))
         if free:
-            equivalents[OFFLINE if gpu_offline else UNPARTITIONED] += free / 7
+            key = OFFLINE if gpu_offline else UNPARTITIONED
+            equivalents[key] = equivalents.get(key, 0.0) + free / 7
     return NowCounts(gpus=gpus, slices=slices, gpu_equivalents=equivalents)

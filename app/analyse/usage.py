@@ -65,13 +65,15 @@ def _usage_sql(bound: int, daily: bool, hour_ranges: int, filtered: bool) -> str
     if bound not in UTIL_BOUNDS:
         raise ValueError(f"idle threshold {bound} is not a rollup bound")
     cols = (
-        "secs, util_known_s, util_sum, util_lt{b}_s AS below_s, free_lt{b}_s AS free_s, no_proc_s, "
+        f"secs, util_known_s, util_sum, util_lt{bound}_s AS below_s, free_lt{bound}_s AS free_s, no_proc_s, "
         "mem_known_s, mem_sum, power_known_s, power_sum"
-    ).format(b=bound)
+    )
     device_filter = " AND device_id = ANY(:ids)" if filtered else ""
     parts = []
     if daily:
-        parts.append(f"SELECT device_id, day AS p, {cols} FROM rollups_daily WHERE day >= :d0 AND day < :d1{device_filter}")
+        parts.append(
+            f"SELECT device_id, day AS p, {cols} FROM rollups_daily WHERE day >= :d0 AND day < :d1{device_filter}"
+        )
     for i in range(hour_ranges):
         parts.append(
             f"SELECT device_id, hour AS p, {cols} FROM rollups_hourly "
@@ -127,4 +129,3 @@ def window_usage(
             )
         )
     return out
-

@@ -373,4 +373,3 @@ def analyse_waste(session: Session, fleet: Fleet, window: Window, thresholds: Th
     usage = window_usage(session, window, idle_util_pct=thresholds.idle_util_pct, device_ids=ids)
     units = build_units(fleet, usage, window)
     return WasteAnalysis(window=window, thresholds=thresholds, units=units, totals=summarise(units), fleet=fleet)
-

@@ -29,7 +29,6 @@ from .templating import is_htmx, render
 
 router = APIRouter(include_in_schema=False)
 
-REFRESH_S = 30
 TOP = 10
 
 
@@ -56,8 +55,9 @@ def _query(request: Request, now: datetime) -> Query:
     return Query(window, filters, q.get("sort") or None, direction)
 
 
-def sort_rows(rows: Sequence[Any], columns: dict[str, Callable[[Any], Any]], sort: str | None, direction: str,
-              default: str) -> tuple[list[Any], str]:
+def sort_rows(
+    rows: Sequence[Any], columns: dict[str, Callable[[Any], Any]], sort: str | None, direction: str, default: str
+) -> tuple[list[Any], str]:
     """Rows ordered by one column; rows whose value is None go last either way. Unknown columns: default."""
     key = sort if sort in columns else default
     get = columns[key]
@@ -107,7 +107,7 @@ def _page(
         sort=context.get("sort", q.sort),
         dir=q.dir,
         presets=list(PRESETS),
-        refresh_s=REFRESH_S,
+        refresh_s=state.settings.refresh_s,
         thresholds=_thresholds(state),
     )
     status = 404 if "missing" in context else 200
@@ -404,8 +404,11 @@ def _instance_detail(instance_id: str) -> Callable[[Session, AppState, Query, da
                 (f"{s.profile} GI {s.gpu_instance_id}", s.pk, f"s-slice-{i % 7}") for i, s in enumerate(slices)
             ]
             charts = {}
-            for metric, label, y_max in (("util", "Utilization, %", 100.0), ("mem_used_mib", "Memory, MiB", None),
-                                         ("power_w", "Power, W", None)):
+            for metric, label, y_max in (
+                ("util", "Utilization, %", 100.0),
+                ("mem_used_mib", "Memory, MiB", None),
+                ("power_w", "Power, W", None),
+            ):
                 chart_series = [
                     Series(name, [(p.ts, getattr(p, metric)) for p in series.get(pk, [])], css)
                     for name, pk, css in devices
@@ -417,7 +420,9 @@ def _instance_detail(instance_id: str) -> Callable[[Session, AppState, Query, da
                     end=min(q.window.end, now),
                     step_s=step,
                     y_label=label,
-                    y_max=y_max if metric == "util" else (float(gpu.memory_total_mib) if metric == "mem_used_mib" and gpu.memory_total_mib else None),
+                    y_max=y_max
+                    if metric == "util"
+                    else (float(gpu.memory_total_mib) if metric == "mem_used_mib" and gpu.memory_total_mib else None),
                     title=f"{gpu.label}: {label}",
                 )
             gpus.append(
@@ -456,4 +461,3 @@ def _instance_detail(instance_id: str) -> Callable[[Session, AppState, Query, da
 def instance_page(request: Request, instance_id: str) -> HTMLResponse:
     response = _page(request, "instance.html", "instances", _instance_detail(instance_id))
     return response
-

@@ -60,7 +60,9 @@ def test_short_idle_spells_are_not_listed(feeder: Feeder, analyst: Analyst, sess
     assert idle_list(analyst, sessions, t0 + 3 * H) == []
 
 
-def test_busy_gpus_and_mig_gpus_are_not_listed(feeder: Feeder, analyst: Analyst, sessions: sessionmaker[Session]) -> None:
+def test_busy_gpus_and_mig_gpus_are_not_listed(
+    feeder: Feeder, analyst: Analyst, sessions: sessionmaker[Session]
+) -> None:
     t0 = feeder.t0
     feeder.feed([gpu(0)], start=t0, hours=2, fn=busy(90), instance_id="i-busy")
     feeder.feed([gpu(0, mig=True, unpartitioned=7)], start=t0, hours=2, fn=idle, instance_id="i-mig")

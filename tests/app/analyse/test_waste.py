@@ -127,8 +127,16 @@ def test_missing_price_is_counted_apart(feeder: Feeder, analyst: Analyst) -> Non
 def test_groups_add_up_to_totals(feeder: Feeder, analyst: Analyst) -> None:
     t0 = feeder.t0
     feeder.feed([gpu(0), gpu(1)], start=t0, hours=2, fn=idle, instance_id="i-a", tags={"team": "vision"})
-    feeder.feed([gpu(0)], start=t0, hours=2, fn=busy(80), instance_id="i-b", tags={"team": "nlp"},
-                instance_type="g5.xlarge", lifecycle="spot")
+    feeder.feed(
+        [gpu(0)],
+        start=t0,
+        hours=2,
+        fn=busy(80),
+        instance_id="i-b",
+        tags={"team": "nlp"},
+        instance_type="g5.xlarge",
+        lifecycle="spot",
+    )
     feeder.feed([gpu(0)], start=t0, hours=2, fn=held, instance_id="i-c", tags={})
     a = analyst.waste(t0, t0 + 2 * H)
     for by in ("instance", "instance_type", "region", "lifecycle", "gpu", "slice", "gpu_model", "tag:team"):

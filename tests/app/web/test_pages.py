@@ -35,14 +35,31 @@ def story(feeder: Feeder) -> dict[str, Any]:
     capacity, and a team tag on each."""
     start = recent_start(3)
     forgotten = gpu(0, uid="GPU-forgotten", name="NVIDIA A10G")
-    feeder.feed([forgotten], start=start, hours=3, fn=idle, instance_id="i-forgotten", instance_type="g5.xlarge",
-                tags={"team": "vision", "Name": "forgotten-box"})
-    feeder.feed([gpu(0, uid="GPU-busy")], start=start, hours=3, fn=busy(85), instance_id="i-busy",
-                tags={"team": "nlp"})
-    node = gpu(0, uid="GPU-mig", mig=True, slices=[mig_slice(1, "3g.20gb", uid="MIG-a"),
-                                                   mig_slice(2, "2g.10gb", uid="MIG-b")], unpartitioned=2)
-    feeder.feed([node], start=start, hours=3, fn={"GPU-mig": unknown, "MIG-a": unknown, "MIG-b": held},
-                instance_id="i-mig", tags={"team": "nlp"})
+    feeder.feed(
+        [forgotten],
+        start=start,
+        hours=3,
+        fn=idle,
+        instance_id="i-forgotten",
+        instance_type="g5.xlarge",
+        tags={"team": "vision", "Name": "forgotten-box"},
+    )
+    feeder.feed([gpu(0, uid="GPU-busy")], start=start, hours=3, fn=busy(85), instance_id="i-busy", tags={"team": "nlp"})
+    node = gpu(
+        0,
+        uid="GPU-mig",
+        mig=True,
+        slices=[mig_slice(1, "3g.20gb", uid="MIG-a"), mig_slice(2, "2g.10gb", uid="MIG-b")],
+        unpartitioned=2,
+    )
+    feeder.feed(
+        [node],
+        start=start,
+        hours=3,
+        fn={"GPU-mig": unknown, "MIG-a": unknown, "MIG-b": held},
+        instance_id="i-mig",
+        tags={"team": "nlp"},
+    )
     return {"start": start}
 
 
@@ -54,7 +71,7 @@ def test_pages_say_what_to_do_without_agents(client: TestClient, engine: Any, ur
     assert "gpufleet-agent install" in empty.get_text()
 
 
-@pytest.mark.parametrize("url", PAGES + ["/instances/i-forgotten", "/waste?group_by=tag:team"])
+@pytest.mark.parametrize("url", [*PAGES, "/instances/i-forgotten", "/waste?group_by=tag:team"])
 def test_every_page_renders_the_story(client: TestClient, story: dict[str, Any], url: str) -> None:
     doc = page(client, url)
     assert doc.select_one("nav a[aria-current=page]") is not None
@@ -148,8 +165,13 @@ def test_unknown_instance_is_404_page(client: TestClient, engine: Any) -> None:
 
 @pytest.mark.parametrize(
     ("url", "param"),
-    [("/?window=2w", "window"), ("/waste?group_by=color", "group_by"), ("/instances?lifecycle=reserved", "lifecycle"),
-     ("/?start=yesterday", "start"), ("/gpus/idle?dir=sideways", "dir")],
+    [
+        ("/?window=2w", "window"),
+        ("/waste?group_by=color", "group_by"),
+        ("/instances?lifecycle=reserved", "lifecycle"),
+        ("/?start=yesterday", "start"),
+        ("/gpus/idle?dir=sideways", "dir"),
+    ],
 )
 def test_bad_query_is_400_naming_the_parameter(client: TestClient, engine: Any, url: str, param: str) -> None:
     doc = page(client, url, status=400)
@@ -158,9 +180,16 @@ def test_bad_query_is_400_naming_the_parameter(client: TestClient, engine: Any, 
 
 def test_agent_values_are_escaped(client: TestClient, feeder: Feeder) -> None:
     evil = '<script>alert("x")</script><b>bold</b>'
-    feeder.feed([gpu(0)], start=recent_start(2), hours=2, fn=idle, instance_id="i-evil",
-                tags={"team": evil, "Name": evil}, hostname=evil)
-    for url in PAGES + ["/instances/i-evil", "/waste?group_by=tag:team", "/waste?group_by=instance"]:
+    feeder.feed(
+        [gpu(0)],
+        start=recent_start(2),
+        hours=2,
+        fn=idle,
+        instance_id="i-evil",
+        tags={"team": evil, "Name": evil},
+        hostname=evil,
+    )
+    for url in [*PAGES, "/instances/i-evil", "/waste?group_by=tag:team", "/waste?group_by=instance"]:
         r = client.get(url)
         assert r.status_code == 200
         assert "<script>alert" not in r.text, url
@@ -172,8 +201,9 @@ def test_agent_values_are_escaped(client: TestClient, feeder: Feeder) -> None:
 
 
 def test_price_file_problem_is_visible(client: TestClient, feeder: Feeder) -> None:
-    feeder.feed([gpu(0)], start=recent_start(2), hours=2, fn=idle, instance_id="i-capacity-block",
-                instance_type="p5e.48xlarge")
+    feeder.feed(
+        [gpu(0)], start=recent_start(2), hours=2, fn=idle, instance_id="i-capacity-block", instance_type="p5e.48xlarge"
+    )
     doc = page(client, "/waste?group_by=instance")
     assert "no price" in doc.select_one("#waste-table").get_text()
     assert doc.select_one(".unpriced") is not None
