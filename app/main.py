@@ -24,6 +24,7 @@ from .ingest.schemas import ErrorOut, IngestBatchIn
 from .settings import Settings, get_settings
 from .state import AppState
 from .store.partitions import upkeep
+from .web.templating import STATIC_DIR, AssetFiles
 
 log = logging.getLogger("gpufleet")
 
@@ -76,6 +77,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.include_router(health_router)
     app.include_router(ingest_router)
+    app.mount("/static", AssetFiles(directory=STATIC_DIR), name="static")
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:

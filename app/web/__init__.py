@@ -1,0 +1,1 @@
+"""The server-rendered dashboard: templates, filters, charts."""

@@ -1,0 +1,346 @@
+"""Jinja2 rendering for the dashboard: the environment, `render`, the display filters and the static assets.
+
+Templates live in `app/web/templates/`; the assets in the repository's `static/` folder, which `app/static`
+points at in a checkout and which the wheel ships as `app/static/`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Generator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from functools import lru_cache
+from pathlib import Path, PurePosixPath
+from typing import Any, cast
+from urllib.parse import urlencode
+
+from jinja2 import ChoiceLoader, Environment, FileSystemLoader, StrictUndefined, Template, select_autoescape
+from starlette.datastructures import QueryParams
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+from starlette.staticfiles import StaticFiles
+from starlette.types import Scope
+
+from .. import __version__
+from .charts import STATE_HELP, mig_layout_svg, state_bar_svg, state_class, state_label, timeseries_svg
+
+TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
+STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+
+DASH = "\u2013"
+"""What a filter shows for a missing value: an en dash."""
+
+Number = float | Decimal
+QueryValue = str | int | float | Sequence[str | int | float] | None
+
+
+@dataclass(frozen=True)
+class NavItem:
+    key: str
+    """The `page` value that marks this entry as the current page."""
+    href: str
+    label: str
+
+
+NAV = (
+    NavItem("overview", "/", "Overview"),
+    NavItem("idle", "/gpus/idle", "Idle GPUs"),
+    NavItem("mig", "/mig", "MIG"),
+    NavItem("waste", "/waste", "Waste"),
+    NavItem("instances", "/instances", "Instances"),
+)
+
+WINDOWS = (("1h", "1 h"), ("6h", "6 h"), ("24h", "24 h"), ("7d", "7 d"), ("30d", "30 d"))
+LIFECYCLES = (("spot", "spot"), ("on-demand", "on-demand"), ("on-prem", "on-prem"))
+
+
+# Filters. Each takes None and shows DASH for it unless its docstring says otherwise.
+
+
+def usd(value: Number | None) -> str:
+    """Dollars: `$2.74`, `$1,234.56`, `$12,346` (no cents from $10,000 on); None is "no price"."""
+    if value is None:
+        return "no price"
+    v = float(value)
+    sign = "-" if v < 0 else ""
+    v = abs(v)
+    if 0 < v < 0.005:
+        return f"{sign}<$0.01"
+    return f"{sign}${v:,.0f}" if round(v, 2) >= 10_000 else f"{sign}${v:,.2f}"
+
+
+def usd_rate(value: Number | None) -> str:
+    """Dollars per hour: `$2.74/h`, `$0.526/h` (three decimals under a dollar, as price lists give them)."""
+    if value is None:
+        return DASH
+    v = float(value)
+    if abs(v) >= 1000:
+        return f"${v:,.0f}/h"
+    return f"${v:,.3f}/h" if abs(v) < 1 else f"${v:,.2f}/h"
+
+
+def pct(value: Number | None, *, fraction: bool = False) -> str:
+    """A percentage with one decimal, `42.0%`; `fraction=True` takes 0-1 instead of 0-100. None: "unknown"."""
+    if value is None:
+        return "unknown"
+    v = float(value) * (100 if fraction else 1)
+    return f"{v:,.1f}%"
+
+
+def hours(value: Number | None) -> str:
+    """A duration given in hours: `3.0 h`, from 48 h on in days, `2.5 d`."""
+    if value is None:
+        return DASH
+    v = float(value)
+    return f"{v / 24:,.1f} d" if abs(v) >= 48 else f"{v:,.1f} h"
+
+
+def mib(value: Number | None) -> str:
+    """Memory given in MiB: `512 MiB`, `80 GiB`, `4.8 GiB`."""
+    if value is None:
+        return DASH
+    v = float(value)
+    if abs(v) < 1024:
+        return f"{v:,.0f} MiB"
+    gib = v / 1024
+    return f"{gib:,.0f} GiB" if round(gib, 1) == round(gib) else f"{gib:,.1f} GiB"
+
+
+def _aware(when: datetime) -> datetime:
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def ago(value: datetime | None, now: datetime | None = None) -> str:
+    """How long before `now` (default: the clock): `42 s ago`, `5 min ago`, `3 h ago` (under 48 h), `2 d ago`."""
+    if value is None:
+        return DASH
+    seconds = ((_aware(now) if now is not None else datetime.now(UTC)) - _aware(value)).total_seconds()
+    future = seconds < 0
+    seconds = abs(seconds)
+    if seconds < 1:
+        return "just now"
+    if seconds < 60:
+        text = f"{int(seconds)} s"
+    elif seconds < 3600:
+        text = f"{int(seconds // 60)} min"
+    elif seconds < 48 * 3600:
+        text = f"{int(seconds // 3600)} h"
+    else:
+        text = f"{int(seconds // 86400)} d"
+    return f"in {text}" if future else f"{text} ago"
+
+
+def utc(value: datetime | None) -> str:
+    """A moment in UTC to the minute: `2026-11-21 14:05 UTC`; naive datetimes are taken as UTC."""
+    if value is None:
+        return DASH
+    return f"{_aware(value).astimezone(UTC):%Y-%m-%d %H:%M} UTC"
+
+
+def num(value: Number | None, decimals: int = 0) -> str:
+    """A number with thousands separators: `12,345`; `decimals` after the point."""
+    if value is None:
+        return DASH
+    v = float(value)
+    if not math.isfinite(v):
+        return DASH
+    return f"{v:,.{decimals}f}"
+
+
+FILTERS = {
+    "usd": usd,
+    "usd_rate": usd_rate,
+    "pct": pct,
+    "hours": hours,
+    "mib": mib,
+    "ago": ago,
+    "utc": utc,
+    "num": num,
+    "state_class": state_class,
+    "state_label": state_label,
+}
+
+
+# URLs.
+
+
+def url_with(request: Request, **changes: QueryValue) -> str:
+    """The current path and query with the named parameters replaced (a list repeats one) or, for None, removed.
+
+    Other parameters keep their order and repetitions, so `tag=team:a&tag=env:prod` survives a new `sort`.
+    """
+    items: list[tuple[str, str]] = []
+    done: set[str] = set()
+    for key, value in request.query_params.multi_items():
+        if key not in changes:
+            items.append((key, value))
+        elif key not in done:
+            items += _pairs(key, changes[key])
+            done.add(key)
+    for key, change in changes.items():
+        if key not in done:
+            items += _pairs(key, change)
+    query = urlencode(items, safe=":,")
+    return f"{request.url.path}?{query}" if query else request.url.path
+
+
+def _pairs(key: str, value: QueryValue) -> list[tuple[str, str]]:
+    if value is None:
+        return []
+    if isinstance(value, str | int | float):
+        return [(key, str(value))]
+    return [(key, str(v)) for v in value]
+
+
+def static_url(path: str) -> str:
+    """The URL of an asset under `static/`, with a digest of its content so browsers may cache it for good."""
+    rel = PurePosixPath(path)
+    if rel.is_absolute() or ".." in rel.parts:
+        raise ValueError(f"not a path inside static/: {path!r}")
+    stat = (STATIC_DIR / rel).stat()
+    return f"/static/{rel}?v={_digest(str(rel), stat.st_mtime_ns, stat.st_size)}"
+
+
+@lru_cache(maxsize=256)
+def _digest(rel: str, _mtime_ns: int, _size: int) -> str:
+    # Keyed on mtime and size too, so an edited file gets a new URL without a restart.
+    return hashlib.sha256((STATIC_DIR / rel).read_bytes()).hexdigest()[:12]
+
+
+class AssetFiles(StaticFiles):
+    """`static/`, cached for a year when asked for by a versioned URL (see `static_url`)."""
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        response = await super().get_response(path, scope)
+        if response.status_code in (200, 304) and "v" in QueryParams(scope.get("query_string", b"")):
+            response.headers["Cache-Control"] = "public, max-age=31536000, immutable"
+        return response
+
+
+# Form helpers.
+
+
+def as_list(value: object) -> list[str]:
+    """None, one value or several, as a list of strings (query parameters may repeat)."""
+    if value is None:
+        return []
+    if isinstance(value, str | int | float):
+        return [str(value)]
+    if isinstance(value, Iterable):
+        return [str(v) for v in value if v is not None]
+    return [str(value)]
+
+
+@dataclass(frozen=True)
+class SelectOption:
+    value: str
+    label: str
+    selected: bool
+
+
+def select_options(items: Iterable[object], current: object) -> list[SelectOption]:
+    """The options of a `<select>`: each item a value or a (value, label) pair. A current value missing from
+    `items` is added, so a filter in the URL never silently disappears from the form."""
+    chosen = as_list(current)
+    options: list[SelectOption] = []
+    for item in items:
+        if isinstance(item, Sequence) and not isinstance(item, str):
+            value, label = str(item[0]), str(item[1])
+        else:
+            value = label = str(item)
+        options.append(SelectOption(value, label, value in chosen))
+    known = {o.value for o in options}
+    options += [SelectOption(v, v, True) for v in chosen if v not in known and v != ""]
+    return options
+
+
+# Rendering.
+
+
+def make_environment(*extra_dirs: Path) -> Environment:
+    """The dashboard's environment; templates in `extra_dirs` (tests) come before the built-in ones."""
+    loaders = [FileSystemLoader(d) for d in extra_dirs] + [FileSystemLoader(TEMPLATES_DIR)]
+    env = Environment(
+        loader=ChoiceLoader(loaders),
+        autoescape=select_autoescape(("html", "htm", "xml", "svg"), default_for_string=True, default=True),
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(FILTERS)
+    env.globals.update(
+        url_with=url_with,
+        static_url=static_url,
+        nav=NAV,
+        windows=WINDOWS,
+        lifecycles=LIFECYCLES,
+        state_label=state_label,
+        state_class=state_class,
+        state_help=STATE_HELP,
+        state_bar_svg=state_bar_svg,
+        mig_layout_svg=mig_layout_svg,
+        timeseries_svg=timeseries_svg,
+        version=__version__,
+        as_list=as_list,
+        select_options=select_options,
+    )
+    return env
+
+
+environment = make_environment()
+
+
+def render_block(template: Template, block: str, context: Mapping[str, Any]) -> str:
+    """Only `block` of `template`, as it would render inside the whole page.
+
+    The page render is started and stopped at its first output, which runs the template's top-level
+    `{% import %}`s and `{% set %}`s and registers the blocks of its parents, so a block that uses macros,
+    `super()` or a block defined only in a parent renders as in the full page.
+    """
+    env = template.environment
+    ctx = template.new_context(dict(context))
+    try:
+        page = cast(Generator[str, None, None], template.root_render_func(ctx))
+        try:
+            next(page, None)
+        finally:
+            page.close()
+    except Exception:
+        env.handle_exception()  # re-raises with the template's file and line in the traceback
+    if block not in ctx.blocks:
+        raise KeyError(f"template {template.name!r} has no block {block!r}")
+    try:
+        return "".join(ctx.blocks[block][0](ctx))
+    except Exception:
+        env.handle_exception()
+
+
+def render(
+    request: Request,
+    template_name: str,
+    context: Mapping[str, Any],
+    *,
+    block: str | None = None,
+    status_code: int = 200,
+    headers: Mapping[str, str] | None = None,
+    env: Environment | None = None,
+) -> HTMLResponse:
+    """A page, or only its `block` (htmx partial updates), as an HTML response.
+
+    The context also gets `request`; `static_url`, `url_with` and the filters are there in every template.
+    """
+    template = (env or environment).get_template(template_name)
+    values = {**context, "request": request}
+    html = template.render(values) if block is None else render_block(template, block, values)
+    response = HTMLResponse(html, status_code=status_code, headers=headers)
+    # Whole page or fragment depends on the HX-Request header: caches must keep them apart.
+    response.headers.add_vary_header("HX-Request")
+    return response
+
+
+def is_htmx(request: Request) -> bool:
+    """An htmx request that wants a fragment; a history restore wants the whole page."""
+    return request.headers.get("HX-Request") == "true" and request.headers.get("HX-History-Restore-Request") != "true"
