@@ -21,9 +21,12 @@ from .errors import ApiError
 from .health import router as health_router
 from .ingest.routes import router as ingest_router
 from .ingest.schemas import ErrorOut, IngestBatchIn
+from .pricing.config import load_price_config
+from .pricing.resolve import Pricer
 from .settings import Settings, get_settings
 from .state import AppState
 from .store.partitions import upkeep
+from .web.pages import router as pages_router
 from .web.templating import STATIC_DIR, AssetFiles
 
 log = logging.getLogger("gpufleet")
@@ -56,10 +59,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if not settings.database_url:
         raise RuntimeError("create_app needs settings.database_url; `gpufleet serve` starts a database if unset")
 
+    # Read now, so a bad price file stops the server before it serves (PriceConfigError names the problem).
+    pricer = Pricer(load_price_config(settings.prices_file))
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = make_engine(settings.database_url or "", pool_size=settings.db_pool_size)
-        app.state.gpufleet = AppState(settings=settings, engine=engine, sessions=make_sessionmaker(engine))
+        app.state.gpufleet = AppState(
+            settings=settings, engine=engine, sessions=make_sessionmaker(engine), pricer=pricer
+        )
         task = asyncio.create_task(_upkeep_loop(engine, settings))
         try:
             yield
@@ -78,6 +86,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health_router)
     app.include_router(ingest_router)
     app.mount("/static", AssetFiles(directory=STATIC_DIR), name="static")
+    app.include_router(pages_router)
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:

@@ -400,8 +400,8 @@ def _instance_detail(instance_id: str) -> Callable[[Session, AppState, Query, da
         gpus = []
         for gpu in sorted(fleet.gpus.values(), key=lambda g: g.index):
             slices = [s for s in fleet.slices_by_gpu.get(gpu.pk, []) if s.retired_at is None]
-            devices = [(f"GPU {gpu.index}", gpu.pk, "s-gpu")] + [
-                (f"{s.profile} GI {s.gpu_instance_id}", s.pk, f"s-slice-{i % 7}") for i, s in enumerate(slices)
+            devices = [(f"GPU {gpu.index}", gpu.pk, "series-1")] + [
+                (f"{s.profile} GI {s.gpu_instance_id}", s.pk, f"series-{i % 7 + 2}") for i, s in enumerate(slices)
             ]
             charts = {}
             for metric, label, y_max in (
