@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from pydantic import ValidationError
 from sqlalchemy.engine import make_url
@@ -21,6 +21,9 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from . import __version__
 from .settings import Settings
+
+if TYPE_CHECKING:
+    from .pricing import PriceConfig
 
 
 class CliError(Exception):
@@ -92,6 +95,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
 
     settings = _settings(args)
+    _check_prices(settings)
     if settings.host not in ("127.0.0.1", "localhost", "::1"):
         logging.getLogger("gpufleet").info("listening on %s: put a TLS-terminating proxy in front", settings.host)
     with database(settings, announce=True) as url:
@@ -208,14 +212,21 @@ def _money(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
-def cmd_prices(args: argparse.Namespace) -> None:
-    from .pricing import PriceConfigError, Pricer, load_price_config
+def _check_prices(settings: Settings) -> PriceConfig:
+    """The price file, or one line and exit 2: the server must not start with prices it cannot read."""
+    from .pricing import PriceConfigError, load_price_config
 
-    settings = _settings(args)
     try:
-        config = load_price_config(settings.prices_file)
+        return load_price_config(settings.prices_file)
     except PriceConfigError as exc:
         _fail(f"bad price file {exc.path}: {exc.problem}")
+
+
+def cmd_prices(args: argparse.Namespace) -> None:
+    from .pricing import Pricer
+
+    settings = _settings(args)
+    config = _check_prices(settings)
     pricer = Pricer(config)
     names = list(pricer.catalog) + sorted(set(config.instance_types) - set(pricer.catalog))
     rows = []

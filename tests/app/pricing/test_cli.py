@@ -73,3 +73,16 @@ def test_missing_price_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) 
     assert code == 2
     assert err.startswith(f"gpufleet: bad price file {tmp_path / 'nope.toml'}: cannot read it:")
     assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_serve_refuses_a_bad_price_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "prices.toml"
+    path.write_text("spot_discount_pct = 140\n", encoding="utf-8")
+    monkeypatch.setenv("GPUFLEET_PRICES_FILE", str(path))
+    # Checked before any database is started or joined.
+    code, _, err = run(capsys, "serve", "--data-dir", str(tmp_path / "data"))
+    assert code == 2
+    assert err.startswith(f"gpufleet: bad price file {path}: spot_discount_pct") and len(err.splitlines()) == 1
+    assert not (tmp_path / "data").exists()
