@@ -1,4 +1,4 @@
-"""Tables. Inventory and tokens are ORM classes; the two time-series tables are Core tables, written in bulk.
+"""Tables. Inventory and tokens are ORM classes; the time-series tables are Core tables, written in bulk.
 
 Devices (whole GPUs and MIG slices) draw their ids from one sequence, so a sample row names its device with
 one int4 whatever its kind.
@@ -225,35 +225,58 @@ def _seconds(name: str, comment: str) -> Column[float]:
     return Column(name, Float, nullable=False, server_default=text("0"), comment=comment)
 
 
+def _rollup_columns(time_name: str, time_comment: str) -> list[Column[Any]]:
+    """The columns of a rollup table: its time bucket, the device, then sums and maxima.
+
+    Shared by the hourly and daily tables so that they cannot drift apart: the write path folds the same
+    expressions into both, and a daily row is the sum (or maximum) of the hourly rows of its day.
+    """
+    return [
+        Column(time_name, TZ, nullable=False, comment=time_comment),
+        Column("device_id", Integer, nullable=False),
+        _seconds("secs", "Seconds covered by samples."),
+        _seconds("util_known_s", "Seconds with a utilization figure."),
+        _seconds("util_sum", "Sum of utilization x seconds (%*s)."),
+        Column("util_max", REAL),
+        _seconds("sm_known_s", "Seconds with an SM activity figure."),
+        _seconds("sm_sum", "Sum of SM activity x seconds (%*s)."),
+        Column("sm_max", REAL),
+        _seconds("mem_known_s", "Seconds with a memory figure."),
+        _seconds("mem_sum", "Sum of memory used x seconds (MiB*s)."),
+        Column("mem_max", Integer),
+        _seconds("power_known_s", "Seconds with a power figure."),
+        _seconds("power_sum", "Sum of power x seconds (J)."),
+        Column("power_max", SmallInteger),
+        Column("temp_max", SmallInteger),
+        _seconds("no_proc_s", "Seconds with no compute process."),
+        _seconds("mem_held_s", "Seconds with memory used at or above the held bound."),
+        *[_seconds(f"util_lt{b}_s", f"Seconds with utilization under {b}%.") for b in UTIL_BOUNDS],
+        *[
+            _seconds(f"free_lt{b}_s", f"Seconds under {b}% with no process and memory under the held bound.")
+            for b in UTIL_BOUNDS
+        ],
+    ]
+
+
 rollups_hourly = Table(
     "rollups_hourly",
     Base.metadata,
-    Column("hour", TZ, nullable=False, comment="Start of the UTC hour."),
-    Column("device_id", Integer, nullable=False),
-    _seconds("secs", "Seconds covered by samples."),
-    _seconds("util_known_s", "Seconds with a utilization figure."),
-    _seconds("util_sum", "Sum of utilization x seconds (%*s)."),
-    Column("util_max", REAL),
-    _seconds("sm_known_s", "Seconds with an SM activity figure."),
-    _seconds("sm_sum", "Sum of SM activity x seconds (%*s)."),
-    Column("sm_max", REAL),
-    _seconds("mem_known_s", "Seconds with a memory figure."),
-    _seconds("mem_sum", "Sum of memory used x seconds (MiB*s)."),
-    Column("mem_max", Integer),
-    _seconds("power_known_s", "Seconds with a power figure."),
-    _seconds("power_sum", "Sum of power x seconds (J)."),
-    Column("power_max", SmallInteger),
-    Column("temp_max", SmallInteger),
-    _seconds("no_proc_s", "Seconds with no compute process."),
-    _seconds("mem_held_s", "Seconds with memory used at or above the held bound."),
-    *[_seconds(f"util_lt{b}_s", f"Seconds with utilization under {b}%.") for b in UTIL_BOUNDS],
-    *[
-        _seconds(f"free_lt{b}_s", f"Seconds under {b}% with no process and memory under the held bound.")
-        for b in UTIL_BOUNDS
-    ],
+    *_rollup_columns("hour", "Start of the UTC hour."),
     PrimaryKeyConstraint("device_id", "hour"),
     postgresql_partition_by="RANGE (hour)",
 )
 Index("ix_rollups_hourly_hour", rollups_hourly.c.hour)
+
+# One row per device per UTC day, so a 30-day view reads about as many rows as a 1-day view of the hourly
+# table. Small enough to need no partitions: retention deletes old days (app.store.partitions.upkeep). Rows
+# are updated in place as data arrives; free space on each page keeps those updates HOT.
+rollups_daily = Table(
+    "rollups_daily",
+    Base.metadata,
+    *_rollup_columns("day", "Start of the UTC day."),
+    PrimaryKeyConstraint("device_id", "day"),
+    postgresql_with={"fillfactor": 70},
+)
+Index("ix_rollups_daily_day", rollups_daily.c.day)
 
 PARTITIONED_TABLES = ("samples", "rollups_hourly")

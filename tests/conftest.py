@@ -26,7 +26,7 @@ from app.main import create_app, run_upkeep
 from app.migrate import upgrade
 from app.settings import Settings
 
-TABLES = "api_tokens, instances, gpus, mig_slices, events, ingest_batches, samples, rollups_hourly"
+TABLES = "api_tokens, instances, gpus, mig_slices, events, ingest_batches, samples, rollups_hourly, rollups_daily"
 
 
 def _fresh_database(server_url: str) -> tuple[str, str]:

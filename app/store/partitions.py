@@ -1,4 +1,5 @@
 """Time partitions of the samples (daily) and rollups (monthly) tables: made ahead, dropped whole at retention.
+The unpartitioned daily rollups lose their expired days in the same pass.
 
 The server does this itself because the embedded PostgreSQL has no pg_partman or cron.
 """
@@ -80,12 +81,14 @@ def existing(conn: Connection) -> tuple[set[date], set[date]]:
 class UpkeepResult:
     created_days: list[date]
     dropped: list[str]
+    daily_deleted: int = 0  # rollups_daily rows of expired days
 
 
 def upkeep(
     conn: Connection, *, now: datetime, raw_retention_days: int, rollup_retention_days: int, ahead_days: int
 ) -> UpkeepResult:
-    """Make every day's partition from the retention horizon to `ahead_days` past today; drop expired ones.
+    """Make every day's partition from the retention horizon to `ahead_days` past today; drop expired ones,
+    and delete the daily rollups of expired days.
 
     Past days inside retention get partitions too, so an agent replaying its spool after an outage finds
     somewhere to write. Runs in the caller's transaction, under an advisory lock.
@@ -114,7 +117,14 @@ def upkeep(
         conn.execute(text(f"DROP TABLE IF EXISTS {name}"))
     if dropped:
         conn.execute(text("DELETE FROM ingest_batches WHERE received_at < :h"), {"h": raw_horizon})
-    return UpkeepResult(created, dropped)
+    # rollups_daily is not partitioned (one row per device per day), so its expired days are deleted. A day
+    # goes once it lies wholly before the horizon, as a samples partition does. The index on `day` keeps the
+    # passes with nothing to delete cheap; about once a day one pass deletes a day of rows (one per device),
+    # and autovacuum hands their space to the rows that arrive next.
+    daily_deleted = conn.execute(
+        text("DELETE FROM rollups_daily WHERE day <= :last"), {"last": rollup_horizon - timedelta(days=1)}
+    ).rowcount
+    return UpkeepResult(created, dropped, daily_deleted)
 
 
 class PartitionCache:

@@ -1,9 +1,10 @@
-"""The bulk write path: samples go in with COPY, and the hourly rollups are brought up to date in the same
-transaction, so a 30-day view reads rollups only and never waits for a batch job.
+"""The bulk write path: samples go in with COPY, and the hourly and daily rollups are brought up to date in
+the same transaction, so a 30-day view reads rollups only and never waits for a batch job.
 
 Rows are COPYed into a per-connection temporary staging table; from there one round trip moves them into
-the partitioned `samples` table and folds them into `rollups_hourly` (PostgreSQL does the arithmetic, not
-Python). An interval that straddles an hour boundary counts toward the hour it starts in.
+the partitioned `samples` table and folds them into `rollups_hourly` and `rollups_daily` (PostgreSQL does
+the arithmetic, not Python). An interval that straddles an hour or day boundary counts toward the hour and
+the day it starts in.
 """
 
 from __future__ import annotations
@@ -86,8 +87,8 @@ _SUMS = [
 _MAXES = ["util_max", "sm_max", "mem_max", "power_max", "temp_max"]
 
 
-@lru_cache(maxsize=4)
-def _rollup_sql(mem_held_mib: int) -> str:
+def _rollup_exprs(mem_held_mib: int) -> dict[str, str]:
+    """Each rollup column's aggregate over staging rows, in the rollup tables' column order."""
     held = f"(mem_used_mib >= {int(mem_held_mib)})"
     free = f"(coalesce(procs, 0) = 0 AND coalesce(mem_used_mib, 0) < {int(mem_held_mib)})"
     exprs = {
@@ -111,23 +112,46 @@ def _rollup_sql(mem_held_mib: int) -> str:
     for b in UTIL_BOUNDS:
         exprs[f"util_lt{b}_s"] = f"sum(dur) FILTER (WHERE util < {b})"
         exprs[f"free_lt{b}_s"] = f"sum(dur) FILTER (WHERE util < {b} AND {free})"
+    return exprs
+
+
+def _rollup_upsert(table: str, time_column: str, unit: str, mem_held_mib: int) -> str:
+    """Fold the staged rows into one rollup table: `unit` is the date_trunc unit of its `time_column`.
+
+    Both rollup tables get the same expressions, so a day's row is what its hours' rows add up to.
+    Every session speaks UTC (app.db), so date_trunc buckets by UTC hour and day.
+    """
+    exprs = _rollup_exprs(mem_held_mib)
     names = list(exprs)
     select_list = ", ".join(f"coalesce({exprs[n]}, 0)" if n in _SUMS else exprs[n] for n in names)
-    updates = [f"{n} = rollups_hourly.{n} + excluded.{n}" for n in _SUMS] + [
-        f"{n} = greatest(rollups_hourly.{n}, excluded.{n})" for n in _MAXES
+    updates = [f"{n} = {table}.{n} + excluded.{n}" for n in _SUMS] + [
+        f"{n} = greatest({table}.{n}, excluded.{n})" for n in _MAXES
     ]
     return (
-        f"INSERT INTO rollups_hourly (hour, device_id, {', '.join(names)}) "
-        f"SELECT date_trunc('hour', ts), device_id, {select_list} FROM ingest_stage GROUP BY 1, 2 "
-        f"ON CONFLICT (device_id, hour) DO UPDATE SET {', '.join(updates)}"
+        f"INSERT INTO {table} ({time_column}, device_id, {', '.join(names)}) "
+        f"SELECT date_trunc('{unit}', ts), device_id, {select_list} FROM ingest_stage GROUP BY 1, 2 "
+        f"ON CONFLICT (device_id, {time_column}) DO UPDATE SET {', '.join(updates)}"
     )
 
+
+# Each rollup table: its name, its time column, and the date_trunc unit that fills that column.
+_ROLLUP_TABLES = (("rollups_hourly", "hour", "hour"), ("rollups_daily", "day", "day"))
 
 _MOVE_SQL = f"INSERT INTO samples ({_SAMPLE_COLUMNS}) SELECT {_SAMPLE_COLUMNS} FROM ingest_stage"
 
 
+@lru_cache(maxsize=4)
+def _write_sql(mem_held_mib: int) -> str:
+    """Move the staged rows into `samples` and fold them into every rollup table: one string, one round trip."""
+    # One plain upsert per table, each aggregating the staging table (a batch's few hundred rows) itself. One
+    # CTE that aggregates it once by hour and feeds both upserts, the daily one regrouping the hours, was
+    # measured slower: about 1.5 ms against 1.25 ms per 216-row batch, hourly alone being 0.9 ms.
+    upserts = [_rollup_upsert(table, column, unit, mem_held_mib) for table, column, unit in _ROLLUP_TABLES]
+    return "; ".join([_MOVE_SQL, *upserts])
+
+
 def write_samples(session: Session, rows: Sequence[StageRow] | Iterable[StageRow], *, mem_held_mib: int) -> None:
-    """Store sample rows and fold them into the hourly rollups, inside the session's transaction.
+    """Store sample rows and fold them into the hourly and daily rollups, inside the session's transaction.
 
     Each row: (interval start, device id, interval length s, memory used MiB, util %, SM activity %,
     power W, temperature C, processes, util source code, graphics activity %, uncorrected ECC errors,
@@ -143,7 +167,7 @@ def write_samples(session: Session, rows: Sequence[StageRow] | Iterable[StageRow
             copy.set_types(_STAGE_TYPES)
             for row in rows:
                 copy.write_row(row)
-        cur.execute(_MOVE_SQL + "; " + _rollup_sql(mem_held_mib))
+        cur.execute(_write_sql(mem_held_mib))
 
 
 def copy_samples_direct(session: Session, rows: Iterable[tuple[Any, ...]]) -> None:
