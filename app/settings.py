@@ -38,7 +38,7 @@ class Settings(BaseSettings):
     access_log: bool = Field(default=False, description="Log every HTTP request (one line each).")
 
     raw_retention_days: int = Field(default=14, ge=1, description="Days of raw samples kept (whole days).")
-    rollup_retention_days: int = Field(default=400, ge=1, description="Days of hourly rollups kept.")
+    rollup_retention_days: int = Field(default=400, ge=1, description="Days of hourly and daily rollups kept.")
     partitions_ahead_days: int = Field(default=3, ge=1, le=60, description="Daily partitions made ahead.")
     maintenance_interval_s: float = Field(default=600.0, gt=0, description="Partition upkeep period, s.")
 

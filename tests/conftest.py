@@ -10,6 +10,7 @@ import os
 import secrets
 import tempfile
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
@@ -25,6 +26,7 @@ from app.embedded import EmbeddedPostgres
 from app.main import create_app, run_upkeep
 from app.migrate import upgrade
 from app.settings import Settings
+from tests.feeding import Feeder
 
 TABLES = "api_tokens, instances, gpus, mig_slices, events, ingest_batches, samples, rollups_hourly, rollups_daily"
 
@@ -114,3 +116,10 @@ def make_token(sessions: sessionmaker[Session], scope: str = "ingest", name: str
 @pytest.fixture
 def ingest_token(sessions: sessionmaker[Session]) -> str:
     return make_token(sessions, "ingest")
+
+
+@pytest.fixture
+def feeder(client: TestClient, ingest_token: str) -> Feeder:
+    """Posts constructed stories; `t0` is five hours before the current hour, room for a story in the past."""
+    now = datetime.now(UTC)
+    return Feeder(client, ingest_token, now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=5))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -158,3 +159,27 @@ def test_filters_narrow_the_fleet(feeder: Feeder, analyst: Analyst) -> None:
     assert [u.instance.instance_id for u in a.units] == ["i-b"]
     a = analyst.waste(t0, t0 + H, filters=Filters(regions=("us-east-1",)))
     assert [u.instance.instance_id for u in a.units] == ["i-a"]
+
+
+def test_daily_rows_give_the_same_answer_as_hourly_rows(feeder: Feeder, analyst: Analyst) -> None:
+    """A story across midnight, read once from daily rollups and once from hourly ones."""
+    now = datetime.now(UTC)
+    midnight = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    if now - midnight < 5 * H:
+        midnight -= timedelta(days=1)
+    start = midnight - 4 * H
+    g = [gpu(0), gpu(1, mig=True, slices=[mig_slice(1, "3g.20gb")], unpartitioned=4)]
+
+    def story(uid: str, t: datetime) -> dict[str, Any]:
+        return (busy(60) if t < midnight else held)(uid, t)
+
+    feeder.feed(g, start=start, hours=8, step_s=120, fn=story)
+    end = midnight + 4 * H
+    by_days = analyst.waste(midnight - timedelta(days=1), midnight + timedelta(days=1), now=end)
+    by_hours = analyst.waste(start - H, end, now=end)
+    assert by_days.window.rollup_ranges()[1] == []
+    assert by_hours.window.rollup_ranges()[0] is None
+    for name in ("gpu_hours", "active_h", "idle_held_h", "idle_h", "unpartitioned_h", "cost", "waste", "offline_h"):
+        assert getattr(by_days.totals, name) == pytest.approx(getattr(by_hours.totals, name)), name
+    assert by_days.totals.active_h == pytest.approx(4 * (1 + 3 / 7))
+    assert by_days.totals.unpartitioned_h == pytest.approx(8 * 4 / 7)
