@@ -20,7 +20,9 @@ OFFLINE = "offline"
 GONE = "gone"
 
 
-@dataclass(frozen=True)
+# Plain slotted classes, not frozen ones: a fleet builds thousands on every page view, and a frozen
+# dataclass's __init__ costs several times more. Nothing changes them after load_fleet.
+@dataclass(slots=True)
 class InstanceInfo:
     pk: int
     instance_id: str
@@ -47,7 +49,7 @@ class InstanceInfo:
         return self.tags.get("Name") or self.hostname or self.instance_id
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class GpuInfo:
     pk: int
     uuid: str
@@ -65,7 +67,7 @@ class GpuInfo:
         return f"{self.instance.name} GPU {self.index}"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class SliceInfo:
     pk: int
     uuid: str
@@ -114,6 +116,50 @@ class Fleet:
         return [*self.gpus, *self.slices]
 
 
+_INSTANCE_COLUMNS = (
+    Instance.id,
+    Instance.instance_id,
+    Instance.hostname,
+    Instance.instance_type,
+    Instance.region,
+    Instance.availability_zone,
+    Instance.lifecycle,
+    Instance.tags,
+    Instance.agent_version,
+    Instance.interval_s,
+    Instance.agent_errors,
+    Instance.first_seen,
+    Instance.last_seen,
+    Instance.price_usd_per_hour,
+)
+# Column order is the field order of GpuInfo / SliceInfo, with the owner's key where the owner goes.
+_GPU_COLUMNS = (
+    Gpu.id,
+    Gpu.uuid,
+    Gpu.instance_pk,
+    Gpu.gpu_index,
+    Gpu.name,
+    Gpu.memory_total_mib,
+    Gpu.mig_mode,
+    Gpu.unpartitioned_slices,
+    Gpu.util_reason,
+    Gpu.first_seen,
+)
+_SLICE_COLUMNS = (
+    MigSlice.id,
+    MigSlice.uuid,
+    MigSlice.gpu_pk,
+    MigSlice.gpu_instance_id,
+    MigSlice.compute_instance_id,
+    MigSlice.profile,
+    MigSlice.compute_slices,
+    MigSlice.memory_total_mib,
+    MigSlice.util_reason,
+    MigSlice.first_seen,
+    MigSlice.retired_at,
+)
+
+
 def _status(last_seen: datetime, interrupted: bool, now: datetime, t: Thresholds) -> str:
     silent = now - last_seen
     if silent <= timedelta(seconds=t.offline_after_s):
@@ -133,11 +179,13 @@ def load_fleet(
     since: datetime | None = None,
 ) -> Fleet:
     """Instances matching `filters` with their GPUs and slices; slices retired before `since` are left out."""
-    rows = session.execute(select(Instance)).scalars().all()
+    # Plain rows rather than ORM objects: a fleet is thousands of devices, read on every page view.
+    rows = session.execute(select(*_INSTANCE_COLUMNS)).all()
     interrupted = set(
         session.execute(select(Event.instance_pk).where(Event.kind == "spot_interruption").distinct()).scalars()
     )
-    gpus_per_instance: Counter[int] = Counter(session.execute(select(Gpu.instance_pk)).scalars())
+    gpu_rows = session.execute(select(*_GPU_COLUMNS)).tuples().all()
+    gpus_per_instance: Counter[int] = Counter(g[2] for g in gpu_rows)
     options = _options(rows)
     instances: dict[int, InstanceInfo] = {}
     for inst in rows:
@@ -172,43 +220,27 @@ def load_fleet(
             status=status,
             tracked_until=inst.last_seen if status == GONE else now,
         )
+    # Tuples unpacked by position: named access on thousands of rows costs more than the queries.
     gpus: dict[int, GpuInfo] = {}
-    if instances:
-        for g in session.execute(select(Gpu).where(Gpu.instance_pk.in_(instances))).scalars():
-            gpus[g.id] = GpuInfo(
-                pk=g.id,
-                uuid=g.uuid,
-                instance=instances[g.instance_pk],
-                index=g.gpu_index,
-                name=g.name,
-                memory_total_mib=g.memory_total_mib,
-                mig_mode=g.mig_mode,
-                unpartitioned_slices=g.unpartitioned_slices,
-                util_reason=g.util_reason,
-                first_seen=g.first_seen,
-            )
+    for gpu_pk, uuid, instance_pk, *rest in gpu_rows:
+        owner = instances.get(instance_pk)
+        if owner is not None:
+            gpus[gpu_pk] = GpuInfo(gpu_pk, uuid, owner, *rest)
     slices: dict[int, SliceInfo] = {}
     by_gpu: dict[int, list[SliceInfo]] = {}
     if gpus:
-        stmt = select(MigSlice).where(MigSlice.gpu_pk.in_(gpus))
+        stmt = select(*_SLICE_COLUMNS)
         if since is not None:
             stmt = stmt.where((MigSlice.retired_at.is_(None)) | (MigSlice.retired_at > since))
-        for s in session.execute(stmt.order_by(MigSlice.gpu_instance_id, MigSlice.compute_instance_id)).scalars():
-            info = SliceInfo(
-                pk=s.id,
-                uuid=s.uuid,
-                gpu=gpus[s.gpu_pk],
-                gpu_instance_id=s.gpu_instance_id,
-                compute_instance_id=s.compute_instance_id,
-                profile=s.profile,
-                compute_slices=s.compute_slices,
-                memory_total_mib=s.memory_total_mib,
-                util_reason=s.util_reason,
-                first_seen=s.first_seen,
-                retired_at=s.retired_at,
-            )
-            slices[s.id] = info
-            by_gpu.setdefault(s.gpu_pk, []).append(info)
+        for slice_pk, uuid, gpu_pk, *rest in session.execute(
+            stmt.order_by(MigSlice.gpu_instance_id, MigSlice.compute_instance_id)
+        ).tuples():
+            gpu = gpus.get(gpu_pk)
+            if gpu is None:
+                continue
+            info = SliceInfo(slice_pk, uuid, gpu, *rest)
+            slices[slice_pk] = info
+            by_gpu.setdefault(gpu_pk, []).append(info)
     return Fleet(
         instances=instances,
         gpus=gpus,

@@ -1,9 +1,9 @@
-"""Seconds per device and state over a window, read from the rollups in one query.
+"""Seconds per device and state over a window, summed from the rollups in one query.
 
-Whole days come from `rollups_daily` and the hours around them from `rollups_hourly` (see
-`Window.rollup_ranges`). The query also splits each GPU's time into MIG and passthrough periods: a period in
-which the GPU has slices, or a GPU in MIG mode now, is MIG time, and the part of that time no slice covers
-(weighted by compute slices out of 7) is unpartitioned capacity.
+`Window.rollup_reads` says which rows: whole days from `rollups_daily`, the hours around them from
+`rollups_hourly`, some of them subtracted (a day's row minus the hours outside the window). Every column read
+is a sum, so rows add and subtract exactly. No join: what a device is (GPU, slice, whose) comes from the
+inventory, in Python.
 """
 
 from __future__ import annotations
@@ -17,16 +17,27 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from ..models import UTIL_BOUNDS
-from .window import Window
+from .window import DAILY, RollupRead, Window
+
+_COLUMNS = (
+    "secs",
+    "util_known_s",
+    "util_sum",
+    "util_lt{b}_s",
+    "free_lt{b}_s",
+    "no_proc_s",
+    "mem_known_s",
+    "mem_sum",
+    "power_known_s",
+    "power_sum",
+)
 
 
 @dataclass(frozen=True)
 class DeviceUsage:
-    """One device's figures over a window; all in seconds except the sums. For a GPU, `mig` tells which
-    part of its time this is (a GPU can have both rows if its MIG mode changed in the window)."""
+    """One device's figures over a window; all in seconds except the sums."""
 
     device_id: int
-    mig: bool
     covered_s: float
     util_known_s: float
     util_sum: float
@@ -40,8 +51,6 @@ class DeviceUsage:
     mem_sum: float
     power_known_s: float
     power_sum: float
-    unpartitioned_s: float
-    """MIG time no slice covered, in GPU-seconds."""
 
     @property
     def active_s(self) -> float:
@@ -53,79 +62,91 @@ class DeviceUsage:
 
     @property
     def idle_s(self) -> float:
-        return self.free_s
+        return max(0.0, self.free_s)
 
     @property
     def unknown_s(self) -> float:
         return max(0.0, self.covered_s - self.util_known_s)
 
 
-@lru_cache(maxsize=len(UTIL_BOUNDS) * 4)
-def _usage_sql(bound: int, daily: bool, hour_ranges: int, filtered: bool) -> str:
+@lru_cache(maxsize=64)
+def _usage_sql(bound: int, shape: tuple[tuple[str, int], ...], filtered: bool) -> str:
     if bound not in UTIL_BOUNDS:
         raise ValueError(f"idle threshold {bound} is not a rollup bound")
-    cols = (
-        f"secs, util_known_s, util_sum, util_lt{bound}_s AS below_s, free_lt{bound}_s AS free_s, no_proc_s, "
-        "mem_known_s, mem_sum, power_known_s, power_sum"
-    )
+    names = [c.format(b=bound) for c in _COLUMNS]
     device_filter = " AND device_id = ANY(:ids)" if filtered else ""
     parts = []
-    if daily:
+    for i, (table, sign) in enumerate(shape):
+        time_col, name = ("day", "rollups_daily") if table == DAILY else ("hour", "rollups_hourly")
+        cols = ", ".join(n if sign > 0 else f"-{n} AS {n}" for n in names)
         parts.append(
-            f"SELECT device_id, day AS p, {cols} FROM rollups_daily WHERE day >= :d0 AND day < :d1{device_filter}"
+            f"SELECT device_id, {cols} FROM {name} WHERE {time_col} >= :t{i}a AND {time_col} < :t{i}b{device_filter}"
         )
-    for i in range(hour_ranges):
-        parts.append(
-            f"SELECT device_id, hour AS p, {cols} FROM rollups_hourly "
-            f"WHERE hour >= :h{i}a AND hour < :h{i}b{device_filter}"
-        )
-    union = " UNION ALL ".join(parts)
-    return (
-        f"WITH r AS MATERIALIZED ({union}), "
-        "s AS (SELECT m.gpu_pk, r.p, sum(r.secs * m.compute_slices) / 7.0 AS sliced "
-        "FROM r JOIN mig_slices m ON m.id = r.device_id GROUP BY 1, 2) "
-        "SELECT r.device_id, (s.gpu_pk IS NOT NULL OR coalesce(g.mig_mode, false)) AS mig, "
-        "sum(r.secs), sum(r.util_known_s), sum(r.util_sum), sum(r.below_s), sum(r.free_s), sum(r.no_proc_s), "
-        "sum(r.mem_known_s), sum(r.mem_sum), sum(r.power_known_s), sum(r.power_sum), "
-        "sum(greatest(r.secs - coalesce(s.sliced, 0), 0)) "
-        "FROM r LEFT JOIN s ON s.gpu_pk = r.device_id AND s.p = r.p "
-        "LEFT JOIN gpus g ON g.id = r.device_id "
-        "GROUP BY 1, 2"
-    )
+    sums = ", ".join(f"sum({n})" for n in names)
+    return f"SELECT device_id, {sums} FROM ({' UNION ALL '.join(parts)}) r GROUP BY device_id"
 
 
 def window_usage(
     session: Session, window: Window, *, idle_util_pct: int, device_ids: Sequence[int] | None = None
-) -> list[DeviceUsage]:
+) -> dict[int, DeviceUsage]:
     """Per-device usage in the window; `device_ids` narrows the read (None: every device)."""
-    days, hours = window.rollup_ranges()
+    return usage_of_reads(session, window.rollup_reads(), idle_util_pct=idle_util_pct, device_ids=device_ids)
+
+
+def usage_of_reads(
+    session: Session, reads: Sequence[RollupRead], *, idle_util_pct: int, device_ids: Sequence[int] | None = None
+) -> dict[int, DeviceUsage]:
+    if not reads:
+        return {}
     params: dict[str, Any] = {}
-    if days is not None:
-        params["d0"], params["d1"] = days
-    for i, (a, b) in enumerate(hours):
-        params[f"h{i}a"], params[f"h{i}b"] = a, b
+    for i, r in enumerate(reads):
+        params[f"t{i}a"], params[f"t{i}b"] = r.start, r.end
     if device_ids is not None:
         if not device_ids:
-            return []
+            return {}
         params["ids"] = list(device_ids)
-    sql = _usage_sql(idle_util_pct, days is not None, len(hours), device_ids is not None)
-    out = []
+    shape = tuple((r.table, r.sign) for r in reads)
+    sql = _usage_sql(idle_util_pct, shape, device_ids is not None)
+    out: dict[int, DeviceUsage] = {}
     for row in session.execute(text(sql), params):
-        out.append(
-            DeviceUsage(
-                device_id=row[0],
-                mig=row[1],
-                covered_s=row[2] or 0.0,
-                util_known_s=row[3] or 0.0,
-                util_sum=row[4] or 0.0,
-                below_s=row[5] or 0.0,
-                free_s=row[6] or 0.0,
-                no_proc_s=row[7] or 0.0,
-                mem_known_s=row[8] or 0.0,
-                mem_sum=row[9] or 0.0,
-                power_known_s=row[10] or 0.0,
-                power_sum=row[11] or 0.0,
-                unpartitioned_s=float(row[12] or 0.0),
-            )
-        )
+        out[row[0]] = DeviceUsage(row[0], *(float(v or 0.0) for v in row[1:]))
     return out
+
+
+def hourly_split(
+    session: Session,
+    window: Window,
+    device_ids: Sequence[int],
+    *,
+    idle_util_pct: int,
+    mode_at: dict[int, list[tuple[Any, bool]]],
+) -> dict[int, tuple[DeviceUsage, DeviceUsage]]:
+    """(MIG-mode part, passthrough part) of each device's usage, hour by hour, for GPUs whose MIG mode changed
+    in the window; `mode_at[device]` lists (time, mig_mode) changes in time order."""
+    if not device_ids:
+        return {}
+    names = [c.format(b=idle_util_pct) for c in _COLUMNS]
+    sql = (
+        f"SELECT device_id, hour, {', '.join(names)} FROM rollups_hourly "
+        "WHERE device_id = ANY(:ids) AND hour >= :a AND hour < :b"
+    )
+    sums: dict[tuple[int, bool], list[float]] = {}
+    rows = session.execute(text(sql), {"ids": list(device_ids), "a": window.start, "b": window.end})
+    for device_id, hour, *values in rows:
+        changes = mode_at[device_id]
+        # Before its first change in the window, a GPU was in the other mode.
+        mig = not changes[0][1]
+        for at, mode in changes:
+            if at <= hour:
+                mig = mode
+        acc = sums.setdefault((device_id, mig), [0.0] * len(names))
+        for i, v in enumerate(values):
+            acc[i] += float(v or 0.0)
+    zero = [0.0] * len(names)
+    return {
+        d: (
+            DeviceUsage(d, *sums.get((d, True), zero)),
+            DeviceUsage(d, *sums.get((d, False), zero)),
+        )
+        for d in device_ids
+    }

@@ -74,25 +74,60 @@ class Window:
         """The window reaches the present, so its figures change as data arrives."""
         return self.end > self.now
 
-    def rollup_ranges(self) -> tuple[tuple[datetime, datetime] | None, list[tuple[datetime, datetime]]]:
-        """Which rows to read: a range of whole days from the daily rollups, and hour ranges for the rest.
+    def rollup_reads(self) -> list[RollupRead]:
+        """The rollup rows whose sums make up this window, as few as possible.
 
-        Today's daily row holds what has arrived so far today, so a window that reaches the present can read
-        it instead of today's hours.
+        Whole days come from the daily table. A partial day is read as its hours, or, when more than half of
+        it is inside the window, as its daily row minus the hours outside: at most 13 rows either way. Today's
+        daily row holds only what has arrived so far, so a window that reaches the present reads it whole.
         """
-        days_from = ceil_day(self.start)
-        days_to = floor_day(self.end)
+        start, end = self.start, self.end
         today = floor_day(self.now)
-        if self.end > self.now and days_from <= today:
-            days_to = max(days_to, today + DAY)
-        if days_from >= days_to:
-            return None, [(self.start, self.end)]
-        hours = []
-        if self.start < days_from:
-            hours.append((self.start, days_from))
-        if days_to < self.end:
-            hours.append((days_to, self.end))
-        return (days_from, days_to), hours
+        if end > self.now and start <= today:
+            end = max(end, today + DAY)
+        reads: list[RollupRead] = []
+        day = floor_day(start)
+        while day < end:
+            lo, hi = max(start, day), min(end, day + DAY)
+            inside = (hi - lo) // HOUR
+            if inside == 24:
+                reads.append(RollupRead(DAILY, day, day + DAY, 1))
+            elif inside <= 12:
+                reads.append(RollupRead(HOURLY, lo, hi, 1))
+            else:
+                reads.append(RollupRead(DAILY, day, day + DAY, 1))
+                if day < lo:
+                    reads.append(RollupRead(HOURLY, day, lo, -1))
+                if hi < day + DAY:
+                    reads.append(RollupRead(HOURLY, hi, day + DAY, -1))
+            day += DAY
+        return _merge(reads)
+
+
+DAILY = "daily"
+HOURLY = "hourly"
+
+
+@dataclass(frozen=True)
+class RollupRead:
+    """Rows of one rollup table over [start, end), added (sign 1) or taken away (sign -1)."""
+
+    table: str
+    start: datetime
+    end: datetime
+    sign: int
+
+
+def _merge(reads: list[RollupRead]) -> list[RollupRead]:
+    """Reads of the same table and sign that touch become one range."""
+    out: list[RollupRead] = []
+    for r in sorted(reads, key=lambda r: (r.table, -r.sign, r.start)):
+        last = out[-1] if out else None
+        if last is not None and (last.table, last.sign, last.end) == (r.table, r.sign, r.start):
+            out[-1] = RollupRead(r.table, last.start, r.end, r.sign)
+        else:
+            out.append(r)
+    return out
 
 
 def preset_window(name: str, now: datetime) -> Window:

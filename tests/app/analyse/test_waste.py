@@ -177,9 +177,42 @@ def test_daily_rows_give_the_same_answer_as_hourly_rows(feeder: Feeder, analyst:
     end = midnight + 4 * H
     by_days = analyst.waste(midnight - timedelta(days=1), midnight + timedelta(days=1), now=end)
     by_hours = analyst.waste(start - H, end, now=end)
-    assert by_days.window.rollup_ranges()[1] == []
-    assert by_hours.window.rollup_ranges()[0] is None
+    assert {r.table for r in by_days.window.rollup_reads()} == {"daily"}
+    assert {r.table for r in by_hours.window.rollup_reads()} == {"hourly"}
+    # A day's row less the hours outside the window.
+    by_difference = analyst.waste(midnight - 20 * H, end, now=end)
+    assert any(r.sign < 0 for r in by_difference.window.rollup_reads())
     for name in ("gpu_hours", "active_h", "idle_held_h", "idle_h", "unpartitioned_h", "cost", "waste", "offline_h"):
         assert getattr(by_days.totals, name) == pytest.approx(getattr(by_hours.totals, name)), name
+        assert getattr(by_difference.totals, name) == pytest.approx(getattr(by_hours.totals, name)), name
     assert by_days.totals.active_h == pytest.approx(4 * (1 + 3 / 7))
     assert by_days.totals.unpartitioned_h == pytest.approx(8 * 4 / 7)
+
+
+def test_mig_mode_switched_on_mid_window(feeder: Feeder, analyst: Analyst) -> None:
+    t0 = feeder.t0
+    uid = "GPU-switched"
+    feeder.feed([gpu(0, uid=uid)], start=t0, hours=1, fn=busy(80))
+    on = gpu(0, uid=uid, mig=True, slices=[mig_slice(1, "3g.20gb")], unpartitioned=4)
+    feeder.feed([on], start=t0 + H, hours=1, fn=busy(50))
+    a = analyst.waste(t0, t0 + 2 * H)
+    kinds = sorted(u.kind for u in a.units)
+    assert kinds == [GPU, SLICE, UNPARTITIONED]
+    f = a.totals
+    # One passthrough hour at 80%, then 3/7 busy and 4/7 unpartitioned for an hour.
+    assert f.active_h == pytest.approx(1 + 3 / 7)
+    assert f.unpartitioned_h == pytest.approx(4 / 7)
+    assert f.cost == pytest.approx(2 * P4D_PER_GPU_HOUR)
+    assert f.offline_h == 0
+
+
+def test_figures_add_covers_every_field() -> None:
+    from dataclasses import fields
+
+    from app.analyse.waste import Figures
+
+    one = Figures(**{f.name: 1.0 for f in fields(Figures)})
+    total = Figures()
+    total.add(one)
+    total.add(one)
+    assert all(getattr(total, f.name) == 2.0 for f in fields(Figures))
