@@ -184,7 +184,7 @@ def load_fleet(
     interrupted = set(
         session.execute(select(Event.instance_pk).where(Event.kind == "spot_interruption").distinct()).scalars()
     )
-    gpu_rows = session.execute(select(*_GPU_COLUMNS)).tuples().all()
+    gpu_rows = session.execute(select(*_GPU_COLUMNS)).all()
     gpus_per_instance: Counter[int] = Counter(g[2] for g in gpu_rows)
     options = _options(rows)
     instances: dict[int, InstanceInfo] = {}
@@ -234,7 +234,7 @@ def load_fleet(
             stmt = stmt.where((MigSlice.retired_at.is_(None)) | (MigSlice.retired_at > since))
         for slice_pk, uuid, gpu_pk, *rest in session.execute(
             stmt.order_by(MigSlice.gpu_instance_id, MigSlice.compute_instance_id)
-        ).tuples():
+        ):
             gpu = gpus.get(gpu_pk)
             if gpu is None:
                 continue
