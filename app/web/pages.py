@@ -157,7 +157,7 @@ def _overview(session: Session, state: AppState, q: Query, now: datetime) -> dic
         "now_counts": count_now(fleet, states),
         "idle": idle,
         "idle_burn_per_day": sum(g.usd_per_day or 0.0 for g in idle),
-        "state_bar": state_bar_svg(totals.state_hours),
+        "state_bar": state_bar_svg(totals.state_hours, width=960, height=20),
         "by_type": analysis.group("instance_type")[:TOP],
         "tag_key": tag_key,
         "by_tag": analysis.group(f"tag:{tag_key}")[:TOP] if tag_key else [],
@@ -219,7 +219,7 @@ def _mig(session: Session, state: AppState, q: Query, now: datetime) -> dict[str
     views = mig_gpus(analysis, current_state(fleet, latest))
     free = unpartitioned(views)
     return {
-        "layouts": [mig_layout_svg(_slots(v)) for v in views],
+        "layouts": [mig_layout_svg(_slots(v), width=280, height=40) for v in views],
         "fleet": fleet,
         "no_agents": _no_agents(fleet),
         "views": views,
