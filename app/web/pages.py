@@ -30,6 +30,7 @@ from .templating import is_htmx, render
 router = APIRouter(include_in_schema=False)
 
 TOP = 10
+TOP_MIG = 50
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Query:
     filters: Filters
     sort: str | None
     dir: str
+    page: int = 1
 
 
 def _query(request: Request, now: datetime) -> Query:
@@ -52,7 +54,10 @@ def _query(request: Request, now: datetime) -> Query:
     direction = q.get("dir", "desc")
     if direction not in ("asc", "desc"):
         raise WindowError("dir", "must be asc or desc")
-    return Query(window, filters, q.get("sort") or None, direction)
+    page = q.get("page", "1")
+    if not page.isdigit() or int(page) < 1:
+        raise WindowError("page", "must be a whole number from 1")
+    return Query(window, filters, q.get("sort") or None, direction, int(page))
 
 
 def sort_rows(
@@ -65,6 +70,29 @@ def sort_rows(
     absent = [r for r in rows if get(r) is None]
     present.sort(key=get, reverse=direction == "desc")
     return present + absent, key
+
+
+PER_PAGE = 100
+
+
+@dataclass(frozen=True)
+class Pager:
+    """One page of a long table: rows [first, last) of total."""
+
+    page: int
+    pages: int
+    total: int
+    first: int
+    last: int
+
+
+def paginate(rows: Sequence[Any], page: int, per_page: int = PER_PAGE) -> tuple[list[Any], Pager]:
+    """The rows of one page (from 1; past the end: the last page)."""
+    pages = max(1, -(-len(rows) // per_page))
+    page = min(max(page, 1), pages)
+    first = (page - 1) * per_page
+    last = min(first + per_page, len(rows))
+    return list(rows[first:last]), Pager(page, pages, len(rows), first, last)
 
 
 def _thresholds(state: AppState) -> Thresholds:
@@ -195,10 +223,12 @@ def _idle(session: Session, state: AppState, q: Query, now: datetime) -> dict[st
     latest = latest_samples(session, now=now, thresholds=t)
     idle = idle_gpus(session, fleet, latest, now=now, thresholds=t)
     rows, sort = sort_rows(idle, _IDLE_COLUMNS, q.sort, q.dir, "burned")
+    rows, pager = paginate(rows, q.page)
     return {
         "fleet": fleet,
         "no_agents": _no_agents(fleet),
         "rows": rows,
+        "pager": pager,
         "sort": sort,
         "burned": sum(g.burned_usd or 0.0 for g in idle),
         "per_day": sum(g.usd_per_day or 0.0 for g in idle),
@@ -218,13 +248,18 @@ def _mig(session: Session, state: AppState, q: Query, now: datetime) -> dict[str
     latest = latest_samples(session, now=now, thresholds=t, device_ids=fleet.device_ids() or [])
     views = mig_gpus(analysis, current_state(fleet, latest))
     free = unpartitioned(views)
+    underused = underused_slices(views)
+    shown, pager = paginate(views, q.page)
     return {
-        "layouts": [mig_layout_svg(_slots(v), width=280, height=40) for v in views],
+        "layouts": [mig_layout_svg(_slots(v), width=280, height=40) for v in shown],
         "fleet": fleet,
         "no_agents": _no_agents(fleet),
-        "views": views,
-        "underused": underused_slices(views),
-        "free": free,
+        "views": shown,
+        "pager": pager,
+        "underused": underused[:TOP_MIG],
+        "underused_total": len(underused),
+        "free": free[:TOP_MIG],
+        "free_total": len(free),
         "free_per_hour": sum(v.free_usd_per_hour or 0.0 for v in free),
         "analysis": analysis,
     }
@@ -299,12 +334,14 @@ def waste_page(request: Request) -> HTMLResponse:
         fleet = _fleet(session, state, q, now)
         analysis = analyse_waste(session, fleet, q.window, t)
         rows, sort = sort_rows(analysis.group(group_by), _GROUP_COLUMNS, q.sort, q.dir, "waste")
+        rows, pager = paginate(rows, q.page)
         return {
             "fleet": fleet,
             "no_agents": _no_agents(fleet),
             "analysis": analysis,
             "totals": analysis.totals,
             "rows": rows,
+            "pager": pager,
             "sort": sort,
             "group_by": group_by,
             "group_by_options": _group_by(fleet),
@@ -366,7 +403,15 @@ def _instances(session: Session, state: AppState, q: Query, now: datetime) -> di
     columns["waste"] = lambda r: r["figures"].waste if r["figures"] else None
     columns["util"] = lambda r: r["figures"].avg_util if r["figures"] else None
     rows, sort = sort_rows(rows, columns, q.sort, q.dir, "waste")
-    return {"fleet": fleet, "no_agents": _no_agents(fleet), "rows": rows, "sort": sort, "analysis": analysis}
+    rows, pager = paginate(rows, q.page)
+    return {
+        "fleet": fleet,
+        "no_agents": _no_agents(fleet),
+        "rows": rows,
+        "pager": pager,
+        "sort": sort,
+        "analysis": analysis,
+    }
 
 
 @router.get("/instances", response_class=HTMLResponse)
@@ -385,7 +430,7 @@ class DeviceCharts:
 def _instance_detail(instance_id: str) -> Callable[[Session, AppState, Query, datetime], dict[str, Any]]:
     def build(session: Session, state: AppState, q: Query, now: datetime) -> dict[str, Any]:
         t = _thresholds(state)
-        scoped = Query(q.window, Filters(instance_ids=(instance_id,)), q.sort, q.dir)
+        scoped = Query(q.window, Filters(instance_ids=(instance_id,)), q.sort, q.dir, q.page)
         fleet = _fleet(session, state, scoped, now)
         if not fleet.instances:
             return {"missing": instance_id, "fleet": fleet}

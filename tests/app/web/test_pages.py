@@ -171,6 +171,8 @@ def test_unknown_instance_is_404_page(client: TestClient, engine: Any) -> None:
         ("/instances?lifecycle=reserved", "lifecycle"),
         ("/?start=yesterday", "start"),
         ("/gpus/idle?dir=sideways", "dir"),
+        ("/instances?page=0", "page"),
+        ("/mig?page=two", "page"),
     ],
 )
 def test_bad_query_is_400_naming_the_parameter(client: TestClient, engine: Any, url: str, param: str) -> None:
@@ -208,3 +210,14 @@ def test_price_file_problem_is_visible(client: TestClient, feeder: Feeder) -> No
     assert "no price" in doc.select_one("#waste-table").get_text()
     assert doc.select_one(".unpriced") is not None
     assert P4D_PER_GPU_HOUR > 0
+
+
+def test_paginate_clamps_to_the_last_page() -> None:
+    from app.web.pages import paginate
+
+    rows = list(range(250))
+    first, pager = paginate(rows, 1)
+    assert first == list(range(100)) and (pager.pages, pager.total) == (3, 250)
+    last, pager = paginate(rows, 9)
+    assert last == list(range(200, 250)) and pager.page == 3 and (pager.first, pager.last) == (200, 250)
+    assert paginate([], 1)[1].pages == 1
