@@ -279,4 +279,42 @@ rollups_daily = Table(
 )
 Index("ix_rollups_daily_day", rollups_daily.c.day)
 
+
+def _status_bound_columns(b: int) -> list[Column[Any]]:
+    """The idle-stretch columns of one utilization bound (%)."""
+    return [
+        Column(
+            f"busy_until_{b}",
+            TZ,
+            comment=f"End of the newest interval at or above {b}% or of unknown utilization; NULL if never.",
+        ),
+        _seconds(f"quiet_s_{b}", f"Seconds of samples starting at or after busy_until_{b}: the current idle stretch."),
+        _seconds(
+            f"quiet_free_s_{b}",
+            f"Of quiet_s_{b}, seconds with no process and memory under the held bound.",
+        ),
+    ]
+
+
+# One row per device: its newest sample, and per utilization bound how long it has been idle. The dashboard's
+# "now" and "idle since" read this instead of scanning samples or rollups. It is written in the ingest
+# transaction; every batch updates its devices' rows, and no indexed column changes, so the free space that
+# fillfactor leaves on each page keeps those updates HOT. Columns widest first among the newest sample's values,
+# so the row carries no padding beyond the 4 bytes after device_id.
+device_status = Table(
+    "device_status",
+    Base.metadata,
+    Column("device_id", Integer, primary_key=True, autoincrement=False),
+    Column("ts", TZ, nullable=False, comment="Start of the newest interval seen."),
+    Column("dur", Float, nullable=False, comment="Length of the newest interval, s."),
+    Column("util", REAL, comment="Newest sample: utilization, %; NULL when unmeasurable."),
+    Column("mem_used_mib", Integer, comment="Newest sample: memory allocated, MiB."),
+    Column("util_source", SmallInteger, nullable=False, comment="Newest sample: where util came from."),
+    Column("procs", SmallInteger, comment="Newest sample: compute processes."),
+    Column("power_w", SmallInteger, comment="Newest sample: mean power, W."),
+    Column("temp_c", SmallInteger, comment="Newest sample: temperature, degrees C."),
+    *[c for b in UTIL_BOUNDS for c in _status_bound_columns(b)],
+    postgresql_with={"fillfactor": 70},
+)
+
 PARTITIONED_TABLES = ("samples", "rollups_hourly")

@@ -28,7 +28,10 @@ from app.migrate import upgrade
 from app.settings import Settings
 from tests.feeding import Feeder
 
-TABLES = "api_tokens, instances, gpus, mig_slices, events, ingest_batches, samples, rollups_hourly, rollups_daily"
+TABLES = (
+    "api_tokens, instances, gpus, mig_slices, events, ingest_batches, samples, rollups_hourly, rollups_daily, "
+    "device_status"
+)
 
 
 def _fresh_database(server_url: str) -> tuple[str, str]:

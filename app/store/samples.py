@@ -1,10 +1,11 @@
-"""The bulk write path: samples go in with COPY, and the hourly and daily rollups are brought up to date in
-the same transaction, so a 30-day view reads rollups only and never waits for a batch job.
+"""The bulk write path: samples go in with COPY, and the hourly and daily rollups and each device's status row
+are brought up to date in the same transaction, so a 30-day view reads rollups only, the "now" of a device one
+row, and neither waits for a batch job.
 
 Rows are COPYed into a per-connection temporary staging table; from there one round trip moves them into
-the partitioned `samples` table and folds them into `rollups_hourly` and `rollups_daily` (PostgreSQL does
-the arithmetic, not Python). An interval that straddles an hour or day boundary counts toward the hour and
-the day it starts in.
+the partitioned `samples` table and folds them into `rollups_hourly`, `rollups_daily` and `device_status`
+(PostgreSQL does the arithmetic, not Python). An interval that straddles an hour or day boundary counts toward
+the hour and the day it starts in.
 """
 
 from __future__ import annotations
@@ -134,6 +135,68 @@ def _rollup_upsert(table: str, time_column: str, unit: str, mem_held_mib: int) -
     )
 
 
+# The newest sample's values that device_status keeps, in its column order.
+_STATUS_NEWEST = ("ts", "dur", "util", "mem_used_mib", "util_source", "procs", "power_w", "temp_c")
+
+
+def _status_upsert(mem_held_mib: int) -> str:
+    """Fold the staged rows into device_status: per device, the newest sample and, per utilization bound, the
+    current idle stretch.
+
+    Two hash aggregates over the staging table: the first finds per device the newest start and each bound's
+    busy_until (the end of the batch's newest interval at or above the bound, unknown utilization counting as
+    busy); the second, joined to it, sums the seconds that start at or after busy_until (all of them when the batch
+    has no busy row) and takes the newest row's values. Measured against one sort feeding window functions and
+    DISTINCT ON, per 216-row batch: 0.42 ms against 0.53 ms for the statement alone, 2.11 ms against 2.14 ms for
+    the whole round trip (1.42 ms without device_status). Then, on conflict:
+
+    - the newest-sample columns move only forward in time, so a replayed older batch cannot roll them back;
+    - busy_until takes the later of the stored and the batch's (greatest ignores NULLs);
+    - a batch whose busy_until is later than the stored one (or the first ever) restarted the idle stretch, so
+      its quiet seconds replace the stored ones; otherwise they extend them. A replayed batch older than the
+      stored busy_until therefore adds seconds that are not part of the current stretch: agents replay their
+      spool in order, so this is accepted rather than paid for with a look at the samples on every batch.
+    """
+    free = f"(coalesce(s.procs, 0) = 0 AND coalesce(s.mem_used_mib, 0) < {int(mem_held_mib)})"
+    firsts = ", ".join(
+        f"max(ts + dur * interval '1 second') FILTER (WHERE util IS NULL OR util >= {b}) AS busy_until_{b}"
+        for b in UTIL_BOUNDS
+    )
+    columns = list(_STATUS_NEWEST)
+    # max() over the one row that starts at the device's newest start: that row's values, NULLs included. The
+    # per-device figures of the first aggregate are the same on every row of the device, so max() just carries
+    # them through the GROUP BY.
+    selects = ["max(f.ts)"] + [f"max(s.{n}) FILTER (WHERE s.ts = f.ts)" for n in _STATUS_NEWEST[1:]]
+    updates = [
+        f"{n} = CASE WHEN excluded.ts >= device_status.ts THEN excluded.{n} ELSE device_status.{n} END"
+        for n in _STATUS_NEWEST
+    ]
+    for b in UTIL_BOUNDS:
+        quiet = f"(f.busy_until_{b} IS NULL OR s.ts >= f.busy_until_{b})"
+        columns += [f"busy_until_{b}", f"quiet_s_{b}", f"quiet_free_s_{b}"]
+        selects += [
+            f"max(f.busy_until_{b})",
+            f"coalesce(sum(s.dur) FILTER (WHERE {quiet}), 0)",
+            f"coalesce(sum(s.dur) FILTER (WHERE {quiet} AND {free}), 0)",
+        ]
+        # NULL > anything is NULL, so a batch with no busy row falls to ELSE and adds to the stretch.
+        restarted = f"excluded.busy_until_{b} > coalesce(device_status.busy_until_{b}, '-infinity')"
+        updates += [
+            f"busy_until_{b} = greatest(device_status.busy_until_{b}, excluded.busy_until_{b})",
+            *[
+                f"{n} = CASE WHEN {restarted} THEN excluded.{n} ELSE device_status.{n} + excluded.{n} END"
+                for n in (f"quiet_s_{b}", f"quiet_free_s_{b}")
+            ],
+        ]
+    return (
+        f"WITH f AS (SELECT device_id, max(ts) AS ts, {firsts} FROM ingest_stage GROUP BY device_id) "
+        f"INSERT INTO device_status (device_id, {', '.join(columns)}) "
+        f"SELECT s.device_id, {', '.join(selects)} FROM ingest_stage s JOIN f ON f.device_id = s.device_id "
+        f"GROUP BY s.device_id "
+        f"ON CONFLICT (device_id) DO UPDATE SET {', '.join(updates)}"
+    )
+
+
 # Each rollup table: its name, its time column, and the date_trunc unit that fills that column.
 _ROLLUP_TABLES = (("rollups_hourly", "hour", "hour"), ("rollups_daily", "day", "day"))
 
@@ -142,16 +205,21 @@ _MOVE_SQL = f"INSERT INTO samples ({_SAMPLE_COLUMNS}) SELECT {_SAMPLE_COLUMNS} F
 
 @lru_cache(maxsize=4)
 def _write_sql(mem_held_mib: int) -> str:
-    """Move the staged rows into `samples` and fold them into every rollup table: one string, one round trip."""
+    """Move the staged rows into `samples`, fold them into every rollup table and into device_status: one string,
+    one round trip."""
     # One plain upsert per table, each aggregating the staging table (a batch's few hundred rows) itself. One
     # CTE that aggregates it once by hour and feeds both upserts, the daily one regrouping the hours, was
     # measured slower: about 1.5 ms against 1.25 ms per 216-row batch, hourly alone being 0.9 ms.
     upserts = [_rollup_upsert(table, column, unit, mem_held_mib) for table, column, unit in _ROLLUP_TABLES]
-    return "; ".join([_MOVE_SQL, *upserts])
+    # device_status's statement is planned with the others on every batch. PREPAREd once per connection it would
+    # add about half as much (round trip 1.77 ms against 2.11 ms), but psycopg answers any ROLLBACK, DROP or ALTER
+    # with DEALLOCATE ALL once it holds prepared statements of its own, which would take ours with them.
+    return "; ".join([_MOVE_SQL, *upserts, _status_upsert(mem_held_mib)])
 
 
 def write_samples(session: Session, rows: Sequence[StageRow] | Iterable[StageRow], *, mem_held_mib: int) -> None:
-    """Store sample rows and fold them into the hourly and daily rollups, inside the session's transaction.
+    """Store sample rows and fold them into the hourly and daily rollups and device_status, inside the session's
+    transaction.
 
     Each row: (interval start, device id, interval length s, memory used MiB, util %, SM activity %,
     power W, temperature C, processes, util source code, graphics activity %, uncorrected ECC errors,
