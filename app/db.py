@@ -10,6 +10,9 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+TRANSIENT_PREFIX = "gpufleet_"
+"""Connection-info keys with this prefix describe objects a rollback can undo; they are dropped on rollback."""
+
 
 def sqlalchemy_url(url: str) -> str:
     """Accept plain `postgresql://` URLs and point them at the psycopg 3 driver."""
@@ -36,6 +39,14 @@ def make_engine(url: str, *, pool_size: int = 10) -> Engine:
         with dbapi_conn.cursor() as cur:
             cur.execute("SET TIME ZONE 'UTC'")
         dbapi_conn.commit()
+
+    @event.listens_for(engine, "rollback")
+    def _on_rollback(conn: Any) -> None:
+        # A rollback also undoes what the transaction created on the connection (the ingest path's temporary
+        # staging table): forget every such marker, so the next user makes it again.
+        info = conn.connection.info
+        for key in [k for k in info if isinstance(k, str) and k.startswith(TRANSIENT_PREFIX)]:
+            del info[key]
 
     return engine
 
