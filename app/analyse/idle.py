@@ -1,10 +1,9 @@
 """Idle passthrough GPUs: GPUs not in MIG mode, online, with no activity for at least `idle_min_hours`.
 
-An idle stretch runs from the end of the last hour with any activity (or any unknown utilization) to now.
-It is found from the rollups: the last busy day from the daily rows, then the last busy hour of that day from
-the hourly rows, so the lookup reads a few rows per GPU however long the stretch. "Since" is therefore exact
-to the hour: an hour with a single busy interval counts as busy. Offline time inside a stretch does not end
-it, but is not counted (or priced) as idle.
+An idle stretch runs from the end of the last interval with activity (or with unknown utilization) to now.
+The ingest path keeps, per device and per threshold, that moment and the seconds of data since
+(`device_status`), so the list reads one row per GPU however long the stretch. Offline time inside a
+stretch does not end it, but is not counted (or priced) as idle.
 """
 
 from __future__ import annotations
@@ -22,15 +21,12 @@ from .fleet import ONLINE, Fleet, GpuInfo
 from .now import Latest
 from .states import IDLE, IDLE_HELD, Thresholds
 
-LOOKBACK = timedelta(days=90)
-"""How far back a stretch is followed; a longer one shows as idle since this horizon."""
-
 
 @dataclass(frozen=True)
 class IdleGpu:
     gpu: GpuInfo
     since: datetime
-    """Start of the idle stretch (exact to the hour)."""
+    """Start of the idle stretch: the end of the last busy interval, or when the GPU was first seen."""
     idle_s: float
     """Seconds of data in the stretch (idle + idle-held), s."""
     held_s: float
@@ -38,8 +34,6 @@ class IdleGpu:
     state: str
     """idle or idle-held, from the newest sample."""
     latest: Latest | None
-    capped: bool
-    """The stretch reaches the lookback horizon: it is at least this long."""
 
     @property
     def idle_hours(self) -> float:
@@ -66,44 +60,20 @@ class IdleGpu:
 def _stretch_sql(bound: int) -> str:
     if bound not in UTIL_BOUNDS:
         raise ValueError(f"idle threshold {bound} is not a rollup bound")
-    below = f"util_lt{bound}_s"
-    free = f"free_lt{bound}_s"
-    busy = f"secs - {below} > 0.5"
     return (
-        "WITH d AS (SELECT device_id, max(day) FILTER (WHERE " + busy + ") AS busy_day "
-        "FROM rollups_daily WHERE device_id = ANY(:ids) AND day >= :horizon GROUP BY device_id), "
-        "h AS (SELECT r.device_id, max(r.hour) FILTER (WHERE r." + busy + ") AS busy_hour "
-        "FROM rollups_hourly r JOIN d ON d.device_id = r.device_id "
-        "WHERE r.device_id = ANY(:ids) AND r.hour >= d.busy_day AND r.hour < d.busy_day + interval '1 day' "
-        "GROUP BY r.device_id), "
-        "s AS (SELECT d.device_id, coalesce(h.busy_hour + interval '1 hour', d.busy_day + interval '1 day', "
-        ":horizon) AS since FROM d LEFT JOIN h ON h.device_id = d.device_id), "
-        "hh AS (SELECT r.device_id, sum(r." + below + ") AS below, sum(r." + free + ") AS free "
-        "FROM rollups_hourly r JOIN s ON s.device_id = r.device_id "
-        "WHERE r.device_id = ANY(:ids) AND r.hour >= s.since "
-        "AND r.hour < date_trunc('day', s.since) + interval '1 day' GROUP BY r.device_id), "
-        "dd AS (SELECT r.device_id, sum(r." + below + ") AS below, sum(r." + free + ") AS free "
-        "FROM rollups_daily r JOIN s ON s.device_id = r.device_id "
-        "WHERE r.device_id = ANY(:ids) AND r.day >= date_trunc('day', s.since) + interval '1 day' "
-        "GROUP BY r.device_id) "
-        "SELECT s.device_id, s.since, coalesce(hh.below, 0) + coalesce(dd.below, 0), "
-        "coalesce(hh.free, 0) + coalesce(dd.free, 0) "
-        "FROM s LEFT JOIN hh ON hh.device_id = s.device_id LEFT JOIN dd ON dd.device_id = s.device_id"
+        f"SELECT device_id, busy_until_{bound}, quiet_s_{bound}, quiet_free_s_{bound} "
+        "FROM device_status WHERE device_id = ANY(CAST(:ids AS int4[]))"
     )
 
 
 def idle_stretches(
-    session: Session, gpu_ids: Sequence[int], *, now: datetime, idle_util_pct: int
-) -> dict[int, tuple[datetime, float, float, bool]]:
-    """Per GPU: (since, idle seconds, idle-held seconds, capped at the lookback)."""
+    session: Session, gpu_ids: Sequence[int], *, idle_util_pct: int
+) -> dict[int, tuple[datetime | None, float, float]]:
+    """Per GPU: (end of its last busy interval or None if never busy, idle seconds since, idle-held seconds)."""
     if not gpu_ids:
         return {}
-    horizon = (now - LOOKBACK).replace(hour=0, minute=0, second=0, microsecond=0)
-    out: dict[int, tuple[datetime, float, float, bool]] = {}
-    rows = session.execute(text(_stretch_sql(idle_util_pct)), {"ids": list(gpu_ids), "horizon": horizon}).all()
-    for device_id, since, below, free in rows:
-        out[device_id] = (since, float(below), float(below) - float(free), since <= horizon)
-    return out
+    rows = session.execute(text(_stretch_sql(idle_util_pct)), {"ids": list(gpu_ids)})
+    return {d: (busy, float(quiet), float(quiet) - float(free)) for d, busy, quiet, free in rows}
 
 
 def idle_gpus(
@@ -118,17 +88,17 @@ def idle_gpus(
         and gpu.pk in latest
         and latest[gpu.pk].state in (IDLE, IDLE_HELD)
     ]
-    stretches = idle_stretches(session, [g.pk for g in candidates], now=now, idle_util_pct=thresholds.idle_util_pct)
+    stretches = idle_stretches(session, [g.pk for g in candidates], idle_util_pct=thresholds.idle_util_pct)
     out = []
     min_span = timedelta(hours=thresholds.idle_min_hours)
     for gpu in candidates:
         found = stretches.get(gpu.pk)
         if found is None:
             continue
-        since, idle_s, held_s, capped = found
-        since = max(since, gpu.first_seen)
+        busy_until, idle_s, held_s = found
+        since = busy_until if busy_until is not None else gpu.first_seen
         if now - since < min_span:
             continue
-        out.append(IdleGpu(gpu, since, idle_s, held_s, latest[gpu.pk].state, latest[gpu.pk], capped))
+        out.append(IdleGpu(gpu, since, idle_s, held_s, latest[gpu.pk].state, latest[gpu.pk]))
     out.sort(key=lambda g: (g.since, -(g.burned_usd or 0.0)))
     return out

@@ -30,9 +30,10 @@ class Latest:
     state: str
 
 
+# device_status holds each device's newest sample, kept by the ingest path: one row per device, no scan.
 _LATEST_SQL = (
-    "SELECT DISTINCT ON (device_id) device_id, ts, util, mem_used_mib, procs, power_w, temp_c, util_source "
-    "FROM samples WHERE ts >= :since{filter} ORDER BY device_id, ts DESC"
+    "SELECT device_id, ts, util, mem_used_mib, procs, power_w, temp_c, util_source "
+    "FROM device_status WHERE ts >= :since{filter}"
 )
 
 
@@ -46,7 +47,7 @@ def latest_samples(
         if not device_ids:
             return {}
         params["ids"] = list(device_ids)
-        sql = _LATEST_SQL.format(filter=" AND device_id = ANY(:ids)")
+        sql = _LATEST_SQL.format(filter=" AND device_id = ANY(CAST(:ids AS int4[]))")
     out: dict[int, Latest] = {}
     for device_id, ts, util, mem, procs, power, temp, source in session.execute(text(sql), params):
         out[device_id] = Latest(

@@ -74,7 +74,7 @@ def _usage_sql(bound: int, shape: tuple[tuple[str, int], ...], filtered: bool) -
     if bound not in UTIL_BOUNDS:
         raise ValueError(f"idle threshold {bound} is not a rollup bound")
     names = [c.format(b=bound) for c in _COLUMNS]
-    device_filter = " AND device_id = ANY(:ids)" if filtered else ""
+    device_filter = " AND device_id = ANY(CAST(:ids AS int4[]))" if filtered else ""
     parts = []
     for i, (table, sign) in enumerate(shape):
         time_col, name = ("day", "rollups_daily") if table == DAILY else ("hour", "rollups_hourly")
@@ -128,7 +128,7 @@ def hourly_split(
     names = [c.format(b=idle_util_pct) for c in _COLUMNS]
     sql = (
         f"SELECT device_id, hour, {', '.join(names)} FROM rollups_hourly "
-        "WHERE device_id = ANY(:ids) AND hour >= :a AND hour < :b"
+        "WHERE device_id = ANY(CAST(:ids AS int4[])) AND hour >= :a AND hour < :b"
     )
     sums: dict[tuple[int, bool], list[float]] = {}
     rows = session.execute(text(sql), {"ids": list(device_ids), "a": window.start, "b": window.end})

@@ -32,14 +32,16 @@ def first_busy_then(rest: Any, t_switch: datetime) -> Any:
     return fn
 
 
-def test_idle_since_the_last_busy_hour(feeder: Feeder, analyst: Analyst, sessions: sessionmaker[Session]) -> None:
+def test_idle_since_the_last_busy_interval(feeder: Feeder, analyst: Analyst, sessions: sessionmaker[Session]) -> None:
     t0 = feeder.t0
-    feeder.feed([gpu(0, uid="GPU-idle")], start=t0, hours=3, fn=first_busy_then(idle, t0 + H))
+    # Busy until 20 minutes past the first hour (one-minute intervals), idle since.
+    switch = t0 + H + timedelta(minutes=20)
+    feeder.feed([gpu(0, uid="GPU-idle")], start=t0, hours=3, fn=first_busy_then(idle, switch))
     now = t0 + 3 * H
     [g] = idle_list(analyst, sessions, now)
-    assert g.since == t0 + H
-    assert g.idle_hours == pytest.approx(2.0)
-    assert g.burned_usd == pytest.approx(2 * P4D_PER_GPU_HOUR)
+    assert g.since == switch
+    assert g.idle_hours == pytest.approx(100 / 60)
+    assert g.burned_usd == pytest.approx(100 / 60 * P4D_PER_GPU_HOUR)
     assert g.usd_per_day == pytest.approx(24 * P4D_PER_GPU_HOUR)
     assert g.state == "idle"
 
@@ -84,7 +86,7 @@ def test_an_offline_gap_inside_a_stretch_is_not_counted(
     feeder.feed(g, start=t0, hours=1, fn=idle)
     feeder.feed(g, start=t0 + 2 * H, hours=2, fn=idle)
     [found] = idle_list(analyst, sessions, t0 + 4 * H)
-    assert found.since == t0
+    assert found.since == t0  # never busy: idle since first seen
     assert found.idle_hours == pytest.approx(3.0)
     assert found.burned_usd == pytest.approx(3 * P4D_PER_GPU_HOUR)
 
