@@ -279,6 +279,31 @@ rollups_daily = Table(
 )
 Index("ix_rollups_daily_day", rollups_daily.c.day)
 
+# One row per device per 5 minutes, for the instance page's charts over 6 to 24 hours: samples have only BRIN
+# indexes, so one instance's devices over a day would scan the whole day's partition, and hours are too coarse
+# for a day chart. Only what the charts draw (utilization, memory, power). Partitioned by day like `samples`,
+# with the same partitions and retention (app.store.partitions); each partition keeps free space for the HOT
+# updates of rows still filling. Column order is storage order: `mem_max`, nearly always present, fills the
+# 4 bytes after `device_id` that would otherwise pad the float8 sums to their 8-byte boundary.
+rollups_5m = Table(
+    "rollups_5m",
+    Base.metadata,
+    Column("bucket", TZ, nullable=False, comment="Start of the 5-minute bucket, UTC."),
+    Column("device_id", Integer, nullable=False),
+    Column("mem_max", Integer),
+    _seconds("secs", "Seconds covered by samples."),
+    _seconds("util_known_s", "Seconds with a utilization figure."),
+    _seconds("util_sum", "Sum of utilization x seconds (%*s)."),
+    _seconds("mem_known_s", "Seconds with a memory figure."),
+    _seconds("mem_sum", "Sum of memory used x seconds (MiB*s)."),
+    _seconds("power_known_s", "Seconds with a power figure."),
+    _seconds("power_sum", "Sum of power x seconds (J)."),
+    Column("util_max", REAL),
+    Column("power_max", SmallInteger),
+    PrimaryKeyConstraint("device_id", "bucket"),
+    postgresql_partition_by="RANGE (bucket)",
+)
+
 
 def _status_bound_columns(b: int) -> list[Column[Any]]:
     """The idle-stretch columns of one utilization bound (%)."""
@@ -317,4 +342,4 @@ device_status = Table(
     postgresql_with={"fillfactor": 70},
 )
 
-PARTITIONED_TABLES = ("samples", "rollups_hourly")
+PARTITIONED_TABLES = ("samples", "rollups_hourly", "rollups_5m")

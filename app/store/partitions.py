@@ -1,5 +1,8 @@
-"""Time partitions of the samples (daily) and rollups (monthly) tables: made ahead, dropped whole at retention.
-The unpartitioned daily rollups lose their expired days in the same pass.
+"""Time partitions of the samples and 5-minute rollups (daily) and hourly rollups (monthly) tables: made ahead,
+dropped whole at retention. The unpartitioned daily rollups lose their expired days in the same pass.
+
+`samples` and `rollups_5m` have the same days and the same (raw) retention: every function below handles the
+daily tables as one list, so a day's partitions of both are made and dropped together.
 
 The server does this itself because the embedded PostgreSQL has no pg_partman or cron.
 """
@@ -8,15 +11,16 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
 from sqlalchemy import Connection, Engine, text
 
-SAMPLES_PREFIX = "samples_p"
-ROLLUPS_PREFIX = "rollups_hourly_p"
-_DAY = re.compile(r"^samples_p(\d{8})$")
-_MONTH = re.compile(r"^rollups_hourly_p(\d{6})$")
+# Each daily table and the storage options of its partitions. Rollup rows are updated in place as batches
+# arrive; free space on each page keeps those updates HOT. Samples are only inserted, so their pages are filled.
+DAILY_TABLES: dict[str, str] = {"samples": "", "rollups_5m": "WITH (fillfactor = 70)"}
+MONTHLY_TABLE = "rollups_hourly"
 # Any fixed number works; it only keeps two server processes from running upkeep at the same moment.
 _UPKEEP_LOCK = 0x6770_7566
 
@@ -33,48 +37,74 @@ def _utc(day: date) -> str:
     return f"{day.isoformat()} 00:00:00+00"
 
 
-def samples_partition(day: date) -> str:
-    return f"{SAMPLES_PREFIX}{day:%Y%m%d}"
+def day_partition(table: str, day: date) -> str:
+    """The partition of a daily table for one UTC day, e.g. samples_p20261121."""
+    return f"{table}_p{day:%Y%m%d}"
 
 
 def rollups_partition(month: date) -> str:
-    return f"{ROLLUPS_PREFIX}{month:%Y%m}"
+    return f"{MONTHLY_TABLE}_p{month:%Y%m}"
 
 
-def create_day(conn: Connection, day: date) -> None:
-    """The samples partition for one UTC day, and the rollups partition for its month."""
-    conn.execute(
-        text(
-            f"CREATE TABLE IF NOT EXISTS {samples_partition(day)} PARTITION OF samples "
-            f"FOR VALUES FROM ('{_utc(day)}') TO ('{_utc(day + timedelta(days=1))}')"
-        )
-    )
+def create_day(conn: Connection, day: date, tables: Collection[str] | None = None) -> None:
+    """The partition of every daily table for one UTC day, and the hourly rollups partition for its month.
+
+    `tables`: the daily tables the schema has, if the caller knows them (see _partitions); else they are looked up.
+    """
+    if tables is None:
+        tables = _partitions(conn).keys()
+    for table, options in DAILY_TABLES.items():
+        if table in tables:
+            conn.execute(
+                text(
+                    f"CREATE TABLE IF NOT EXISTS {day_partition(table, day)} PARTITION OF {table} "
+                    f"FOR VALUES FROM ('{_utc(day)}') TO ('{_utc(day + timedelta(days=1))}') {options}"
+                )
+            )
     month = _month_start(day)
-    # Rollup rows are updated in place as data arrives; free space on each page keeps those updates HOT.
+    # Hourly rollup rows are updated in place too: the same free space for HOT updates.
     conn.execute(
         text(
-            f"CREATE TABLE IF NOT EXISTS {rollups_partition(month)} PARTITION OF rollups_hourly "
+            f"CREATE TABLE IF NOT EXISTS {rollups_partition(month)} PARTITION OF {MONTHLY_TABLE} "
             f"FOR VALUES FROM ('{_utc(month)}') TO ('{_utc(_next_month(month))}') WITH (fillfactor = 70)"
         )
     )
 
 
-def existing(conn: Connection) -> tuple[set[date], set[date]]:
-    """Days that have a samples partition, and months that have a rollups partition."""
+def _partitions(conn: Connection) -> dict[str, set[date]]:
+    """Per partitioned table the schema has, the days (daily tables) or month starts (hourly rollups) it has a
+    partition for.
+
+    Only tables that exist are keys: a schema older than migration 0005 has no rollups_5m, and the migrations before
+    it (and the tests of their back-fills) make samples partitions through create_day.
+    """
     rows = conn.execute(
         text(
-            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-            "JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname IN ('samples', 'rollups_hourly')"
-        )
-    ).scalars()
-    days: set[date] = set()
-    months: set[date] = set()
-    for name in rows:
-        if m := _DAY.match(name):
-            days.add(datetime.strptime(m.group(1), "%Y%m%d").date())
-        elif m := _MONTH.match(name):
-            months.add(datetime.strptime(m.group(1), "%Y%m").date())
-    return days, months
+            "SELECT p.relname, c.relname FROM pg_class p LEFT JOIN pg_inherits i ON i.inhparent = p.oid "
+            "LEFT JOIN pg_class c ON c.oid = i.inhrelid WHERE p.relkind = 'p' AND p.relname = ANY(:parents)"
+        ),
+        {"parents": [*DAILY_TABLES, MONTHLY_TABLE]},
+    )
+    found: dict[str, set[date]] = {}
+    for parent, name in rows:
+        dates = found.setdefault(parent, set())
+        fmt, digits = ("%Y%m", 6) if parent == MONTHLY_TABLE else ("%Y%m%d", 8)
+        # A partition made by hand under another name is not ours to drop.
+        if name is not None and (m := re.fullmatch(rf"{parent}_p(\d{{{digits}}})", name)):
+            dates.add(datetime.strptime(m.group(1), fmt).date())
+    return found
+
+
+def _complete(found: dict[str, set[date]]) -> set[date]:
+    """Days with a partition in every daily table. A day that lacks one (a partition dropped by hand, say) counts
+    as missing, so upkeep and the ingest path make the rest of it."""
+    return set.intersection(*(found[t] for t in DAILY_TABLES if t in found))
+
+
+def existing(conn: Connection) -> tuple[set[date], set[date]]:
+    """Days that have a partition in every daily table, and months that have an hourly rollups partition."""
+    found = _partitions(conn)
+    return _complete(found), found.get(MONTHLY_TABLE, set())
 
 
 @dataclass(frozen=True)
@@ -98,19 +128,22 @@ def upkeep(
     today = now.astimezone(UTC).date()
     raw_horizon = now - timedelta(days=raw_retention_days)
     rollup_horizon = now - timedelta(days=rollup_retention_days)
-    days, months = existing(conn)
+    found = _partitions(conn)
+    complete = _complete(found)
     created: list[date] = []
     day = raw_horizon.astimezone(UTC).date()
     while day <= today + timedelta(days=ahead_days):
-        if day not in days:
-            create_day(conn, day)
+        if day not in complete:
+            create_day(conn, day, found.keys())
             created.append(day)
         day += timedelta(days=1)
     dropped: list[str] = []
-    for d in sorted(days):
-        if datetime.combine(d + timedelta(days=1), datetime.min.time(), UTC) <= raw_horizon:
-            dropped.append(samples_partition(d))
-    for m in sorted(months):
+    # Each daily table's own days, not only the complete ones: an expired partition goes whatever else exists.
+    for table in DAILY_TABLES:
+        for d in sorted(found.get(table, ())):
+            if datetime.combine(d + timedelta(days=1), datetime.min.time(), UTC) <= raw_horizon:
+                dropped.append(day_partition(table, d))
+    for m in sorted(found.get(MONTHLY_TABLE, ())):
         if datetime.combine(_next_month(m), datetime.min.time(), UTC) <= rollup_horizon:
             dropped.append(rollups_partition(m))
     for name in dropped:
@@ -142,9 +175,9 @@ class PartitionCache:
         # Own short transaction: DDL inside the ingest transaction would block every other writer.
         with engine.begin() as conn:
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _UPKEEP_LOCK})
-            have, _months = existing(conn)
-            for day in sorted(missing - have):
-                create_day(conn, day)
+            found = _partitions(conn)
+            for day in sorted(missing - _complete(found)):
+                create_day(conn, day, found.keys())
         with self._lock:
             self._days |= missing
 
