@@ -1,7 +1,9 @@
 """Time series of one instance's devices for charts: utilization, memory and power over the window.
 
-Windows up to a day read raw samples averaged into buckets of a few hundred per chart; longer ones read the
-hourly rollups. A bucket with no sample is absent, so a chart shows a gap rather than a line across it.
+Where the points come from depends on the window: an hour or less reads raw samples (a one-hour slice of a
+day's partition is small enough to scan); up to a day reads the 5-minute rollups; longer windows read the
+hourly rollups. Either way a chart has at most a few hundred points per device, and a bucket with no data is
+absent, so the chart shows a gap rather than a line drawn across it.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from sqlalchemy.orm import Session
 
 from .window import Window
 
-RAW_UP_TO = timedelta(days=1)
-TARGET_POINTS = 480
-_STEPS = (10, 15, 30, 60, 120, 180, 300, 600, 900, 1800, 3600)
+RAW_UP_TO = timedelta(hours=1)
+FIVE_MINUTES_UP_TO = timedelta(days=1)
+_RAW_STEPS = (10, 15, 20, 30, 60)
 
 
 @dataclass(frozen=True)
@@ -30,22 +32,27 @@ class Point:
 
 
 def series_step(window: Window, interval_s: float | None) -> int:
-    """Bucket length, s: about TARGET_POINTS per chart, never finer than the agent's interval."""
-    span = (window.end - window.start).total_seconds()
-    if span > RAW_UP_TO.total_seconds():
+    """Point spacing, s: the agent's interval (at least 10 s) for raw samples, 300 or 3600 for rollups."""
+    span = window.end - window.start
+    if span > FIVE_MINUTES_UP_TO:
         return 3600
-    want = max(span / TARGET_POINTS, interval_s or 10)
-    return next((s for s in _STEPS if s >= want), 3600)
+    if span > RAW_UP_TO:
+        return 300
+    want = max(interval_s or 10, 10)
+    return next((s for s in _RAW_STEPS if s >= want), 60)
 
 
+# Ids go in as int4[]: psycopg sends small Python ints as int2, and the int4 BRIN bloom index on samples
+# does not apply to an int2 comparison.
 _RAW_SQL = (
     "SELECT device_id, date_bin(make_interval(secs => :step), ts, :origin) AS b, avg(util), avg(mem_used_mib), "
-    "avg(power_w) FROM samples WHERE device_id = ANY(:ids) AND ts >= :t0 AND ts < :t1 GROUP BY 1, 2 ORDER BY 1, 2"
+    "avg(power_w) FROM samples WHERE device_id = ANY(CAST(:ids AS int4[])) AND ts >= :t0 AND ts < :t1 "
+    "GROUP BY 1, 2 ORDER BY 1, 2"
 )
-_HOURLY_SQL = (
-    "SELECT device_id, hour, util_sum / nullif(util_known_s, 0), mem_sum / nullif(mem_known_s, 0), "
-    "power_sum / nullif(power_known_s, 0) FROM rollups_hourly "
-    "WHERE device_id = ANY(:ids) AND hour >= :t0 AND hour < :t1 ORDER BY 1, 2"
+_ROLLUP_SQL = (
+    "SELECT device_id, {time}, util_sum / nullif(util_known_s, 0), mem_sum / nullif(mem_known_s, 0), "
+    "power_sum / nullif(power_known_s, 0) FROM {table} "
+    "WHERE device_id = ANY(CAST(:ids AS int4[])) AND {time} >= :t0 AND {time} < :t1 ORDER BY 1, 2"
 )
 
 
@@ -55,9 +62,11 @@ def device_series(
     """Points per device, in time order."""
     if not device_ids:
         return {}
-    params = {"ids": list(device_ids), "t0": window.start, "t1": window.end}
+    params: dict[str, object] = {"ids": list(device_ids), "t0": window.start, "t1": window.end}
     if step_s >= 3600:
-        sql = _HOURLY_SQL
+        sql = _ROLLUP_SQL.format(table="rollups_hourly", time="hour")
+    elif step_s >= 300:
+        sql = _ROLLUP_SQL.format(table="rollups_5m", time="bucket")
     else:
         sql = _RAW_SQL
         params.update(step=step_s, origin=window.start)
