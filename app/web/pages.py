@@ -11,13 +11,14 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
+from markupsafe import Markup
 from sqlalchemy.orm import Session
 
-from ..analyse.fleet import GONE, OFFLINE, ONLINE, Fleet, load_fleet
+from ..analyse.fleet import GONE, OFFLINE, ONLINE, Fleet, GpuInfo, load_fleet
 from ..analyse.idle import idle_gpus
 from ..analyse.mig import MigGpuView, mig_gpus, underused_slices, unpartitioned
 from ..analyse.now import count_now, current_state, latest_samples
-from ..analyse.series import device_series, series_step
+from ..analyse.series import Point, device_series, series_step
 from ..analyse.states import OFFLINE as STATE_OFFLINE
 from ..analyse.states import UNPARTITIONED, Thresholds
 from ..analyse.waste import GPU, GROUPS, SLICE, analyse_waste, is_group_name
@@ -173,7 +174,7 @@ def _overview(session: Session, state: AppState, q: Query, now: datetime) -> dic
     units = [u for u in analysis.units if u.figures().waste > 0]
     units.sort(key=lambda u: -u.figures().waste)
     status = {s: sum(1 for i in fleet.instances.values() if i.status == s) for s in (ONLINE, OFFLINE, GONE)}
-    tag_key = request_tag_key(fleet)
+    tag_key = overview_tag_key(fleet)
     return {
         "fleet": fleet,
         "analysis": analysis,
@@ -193,7 +194,7 @@ def _overview(session: Session, state: AppState, q: Query, now: datetime) -> dic
     }
 
 
-def request_tag_key(fleet: Fleet) -> str | None:
+def overview_tag_key(fleet: Fleet) -> str | None:
     """The tag the overview groups by: `team` when any instance has it, else the most common key."""
     keys = [t.split(":", 1)[0] for t in fleet.options.tags]
     if "team" in keys:
@@ -370,9 +371,9 @@ _INSTANCE_COLUMNS: dict[str, Callable[[Any], Any]] = {
     "gpus": lambda r: r["gpus"],
     "last_seen": lambda r: r["instance"].last_seen,
     "price": lambda r: r["instance"].price.usd_per_instance_hour,
-    "cost": lambda r: r["figures"].cost,
-    "waste": lambda r: r["figures"].waste,
-    "util": lambda r: r["figures"].avg_util,
+    "cost": lambda r: r["figures"].cost if r["figures"] else None,
+    "waste": lambda r: r["figures"].waste if r["figures"] else None,
+    "util": lambda r: r["figures"].avg_util if r["figures"] else None,
 }
 
 
@@ -398,11 +399,7 @@ def _instances(session: Session, state: AppState, q: Query, now: datetime) -> di
                 "figures": group.figures if group else None,
             }
         )
-    columns = dict(_INSTANCE_COLUMNS)
-    columns["cost"] = lambda r: r["figures"].cost if r["figures"] else None
-    columns["waste"] = lambda r: r["figures"].waste if r["figures"] else None
-    columns["util"] = lambda r: r["figures"].avg_util if r["figures"] else None
-    rows, sort = sort_rows(rows, columns, q.sort, q.dir, "waste")
+    rows, sort = sort_rows(rows, _INSTANCE_COLUMNS, q.sort, q.dir, "waste")
     rows, pager = paginate(rows, q.page)
     return {
         "fleet": fleet,
@@ -419,12 +416,36 @@ def instances_page(request: Request) -> HTMLResponse:
     return _page(request, "instances.html", "instances", _instances)
 
 
-@dataclass
-class DeviceCharts:
-    title: str
-    util: Any
-    mem: Any
-    power: Any
+_METRICS = (("util", "Utilization, %"), ("mem_used_mib", "Memory, MiB"), ("power_w", "Power, W"))
+
+
+def _gpu_charts(
+    gpu: GpuInfo,
+    devices: list[tuple[str, int, str]],
+    series: dict[int, list[Point]],
+    window: Window,
+    now: datetime,
+    step: int,
+) -> dict[str, Markup]:
+    """One chart per metric for a GPU: a line for the GPU and one per slice (power is the GPU's only)."""
+    limits = {"util": 100.0, "mem_used_mib": float(gpu.memory_total_mib or 0) or None, "power_w": None}
+    charts = {}
+    for metric, label in _METRICS:
+        lines = [
+            Series(name, [(p.ts, getattr(p, metric)) for p in series.get(pk, [])], css)
+            for name, pk, css in devices
+            if metric != "power_w" or pk == gpu.pk
+        ]
+        charts[metric] = timeseries_svg(
+            lines,
+            start=window.start,
+            end=min(window.end, now),
+            step_s=step,
+            y_label=label,
+            y_max=limits[metric],
+            title=f"{gpu.label}: {label}",
+        )
+    return charts
 
 
 def _instance_detail(instance_id: str) -> Callable[[Session, AppState, Query, datetime], dict[str, Any]]:
@@ -448,28 +469,7 @@ def _instance_detail(instance_id: str) -> Callable[[Session, AppState, Query, da
             devices = [(f"GPU {gpu.index}", gpu.pk, "series-1")] + [
                 (f"{s.profile} GI {s.gpu_instance_id}", s.pk, f"series-{i % 7 + 2}") for i, s in enumerate(slices)
             ]
-            charts = {}
-            for metric, label, y_max in (
-                ("util", "Utilization, %", 100.0),
-                ("mem_used_mib", "Memory, MiB", None),
-                ("power_w", "Power, W", None),
-            ):
-                chart_series = [
-                    Series(name, [(p.ts, getattr(p, metric)) for p in series.get(pk, [])], css)
-                    for name, pk, css in devices
-                    if metric != "power_w" or pk == gpu.pk
-                ]
-                charts[metric] = timeseries_svg(
-                    chart_series,
-                    start=q.window.start,
-                    end=min(q.window.end, now),
-                    step_s=step,
-                    y_label=label,
-                    y_max=y_max
-                    if metric == "util"
-                    else (float(gpu.memory_total_mib) if metric == "mem_used_mib" and gpu.memory_total_mib else None),
-                    title=f"{gpu.label}: {label}",
-                )
+            charts = _gpu_charts(gpu, devices, series, q.window, now, step)
             gpus.append(
                 {
                     "gpu": gpu,
@@ -504,5 +504,4 @@ def _instance_detail(instance_id: str) -> Callable[[Session, AppState, Query, da
 
 @router.get("/instances/{instance_id}", response_class=HTMLResponse)
 def instance_page(request: Request, instance_id: str) -> HTMLResponse:
-    response = _page(request, "instance.html", "instances", _instance_detail(instance_id))
-    return response
+    return _page(request, "instance.html", "instances", _instance_detail(instance_id))
