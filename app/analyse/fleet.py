@@ -234,7 +234,7 @@ def load_fleet(
             stmt = stmt.where((MigSlice.retired_at.is_(None)) | (MigSlice.retired_at > since))
         for slice_pk, uuid, gpu_pk, *rest in session.execute(
             stmt.order_by(MigSlice.gpu_instance_id, MigSlice.compute_instance_id)
-        ):
+        ).all():
             gpu = gpus.get(gpu_pk)
             if gpu is None:
                 continue

@@ -72,7 +72,7 @@ def idle_stretches(
     """Per GPU: (end of its last busy interval or None if never busy, idle seconds since, idle-held seconds)."""
     if not gpu_ids:
         return {}
-    rows = session.execute(text(_stretch_sql(idle_util_pct)), {"ids": list(gpu_ids)})
+    rows = session.execute(text(_stretch_sql(idle_util_pct)), {"ids": list(gpu_ids)}).all()
     return {d: (busy, float(quiet), float(quiet) - float(free)) for d, busy, quiet, free in rows}
 
 

@@ -49,7 +49,7 @@ def latest_samples(
         params["ids"] = list(device_ids)
         sql = _LATEST_SQL.format(filter=" AND device_id = ANY(CAST(:ids AS int4[]))")
     out: dict[int, Latest] = {}
-    for device_id, ts, util, mem, procs, power, temp, source in session.execute(text(sql), params):
+    for device_id, ts, util, mem, procs, power, temp, source in session.execute(text(sql), params).all():
         out[device_id] = Latest(
             device_id, ts, util, mem, procs, power, temp, source, sample_state(util, procs, mem, thresholds)
         )

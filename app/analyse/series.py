@@ -71,7 +71,7 @@ def device_series(
         sql = _RAW_SQL
         params.update(step=step_s, origin=window.start)
     out: dict[int, list[Point]] = {d: [] for d in device_ids}
-    for device_id, ts, util, mem, power in session.execute(text(sql), params):
+    for device_id, ts, util, mem, power in session.execute(text(sql), params).all():
         out[device_id].append(
             Point(
                 ts,

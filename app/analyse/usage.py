@@ -108,7 +108,7 @@ def usage_of_reads(
     shape = tuple((r.table, r.sign) for r in reads)
     sql = _usage_sql(idle_util_pct, shape, device_ids is not None)
     out: dict[int, DeviceUsage] = {}
-    for row in session.execute(text(sql), params):
+    for row in session.execute(text(sql), params).all():
         out[row[0]] = DeviceUsage(row[0], *(float(v or 0.0) for v in row[1:]))
     return out
 
@@ -131,7 +131,7 @@ def hourly_split(
         "WHERE device_id = ANY(CAST(:ids AS int4[])) AND hour >= :a AND hour < :b"
     )
     sums: dict[tuple[int, bool], list[float]] = {}
-    rows = session.execute(text(sql), {"ids": list(device_ids), "a": window.start, "b": window.end})
+    rows = session.execute(text(sql), {"ids": list(device_ids), "a": window.start, "b": window.end}).all()
     for device_id, hour, *values in rows:
         changes = mode_at[device_id]
         # Before its first change in the window, a GPU was in the other mode.

@@ -205,11 +205,12 @@ class Unit:
 
 
 def _fill(unit: Unit, u: DeviceUsage) -> None:
+    # The state split of DeviceUsage's properties, inline: this runs for every device on every page view.
     unit.covered_s += u.covered_s
-    unit.active_s += u.active_s
-    unit.idle_held_s += u.idle_held_s
-    unit.idle_s += u.idle_s
-    unit.unknown_s += u.unknown_s
+    unit.active_s += max(0.0, u.util_known_s - u.below_s)
+    unit.idle_held_s += max(0.0, u.below_s - u.free_s)
+    unit.idle_s += max(0.0, u.free_s)
+    unit.unknown_s += max(0.0, u.covered_s - u.util_known_s)
     unit.util_known_s += u.util_known_s
     unit.util_sum += u.util_sum
     unit.no_proc_s += u.no_proc_s
@@ -289,59 +290,54 @@ def build_units(
     return units
 
 
-GroupKey = Callable[[Unit], tuple[str, str]]
+InstanceKey = Callable[[InstanceInfo], tuple[str, str]]
+UnitKey = Callable[[Unit], tuple[str, str]]
 
 
-def _tag_key(tag: str) -> GroupKey:
-    def key(u: Unit) -> tuple[str, str]:
-        value = u.instance.tags.get(tag)
+def _tag_key(tag: str) -> InstanceKey:
+    def key(i: InstanceInfo) -> tuple[str, str]:
+        value = i.tags.get(tag)
         return (value, value) if value is not None else ("", f"(no {tag} tag)")
 
     return key
 
 
-def _gpu_group(u: Unit) -> tuple[str, str]:
-    return str(u.gpu.pk), u.gpu.label
-
-
-def _slice_group(u: Unit) -> tuple[str, str]:
-    return u.key, u.label
-
-
-def _instance_group(u: Unit) -> tuple[str, str]:
-    return u.instance.instance_id, u.instance.name
-
-
-def _field_group(name: str, missing: str) -> GroupKey:
-    def key(u: Unit) -> tuple[str, str]:
-        value = getattr(u.instance, name)
+def _field_key(name: str, missing: str) -> InstanceKey:
+    def key(i: InstanceInfo) -> tuple[str, str]:
+        value = getattr(i, name)
         return (value, value) if value else ("", missing)
 
     return key
 
 
-def _model_group(u: Unit) -> tuple[str, str]:
+def _instance_key(i: InstanceInfo) -> tuple[str, str]:
+    return i.instance_id, i.name
+
+
+def _gpu_key(u: Unit) -> tuple[str, str]:
+    return str(u.gpu.pk), u.gpu.label
+
+
+def _slice_key(u: Unit) -> tuple[str, str]:
+    return u.key, u.label
+
+
+def _model_key(u: Unit) -> tuple[str, str]:
     model = u.instance.gpu_model or u.gpu.name
     return model, model
 
 
-GROUPS: dict[str, GroupKey] = {
-    "instance": _instance_group,
-    "instance_type": _field_group("instance_type", "(no instance type)"),
-    "region": _field_group("region", "(no region)"),
-    "availability_zone": _field_group("availability_zone", "(no zone)"),
-    "lifecycle": _field_group("lifecycle", "(no lifecycle)"),
-    "gpu_model": _model_group,
-    "gpu": _gpu_group,
-    "slice": _slice_group,
+# Groupings by something of the instance add up per-instance figures; the others go unit by unit.
+INSTANCE_GROUPS: dict[str, InstanceKey] = {
+    "instance": _instance_key,
+    "instance_type": _field_key("instance_type", "(no instance type)"),
+    "region": _field_key("region", "(no region)"),
+    "availability_zone": _field_key("availability_zone", "(no zone)"),
+    "lifecycle": _field_key("lifecycle", "(no lifecycle)"),
 }
-
-
-def group_key(name: str) -> GroupKey:
-    """The grouping function for a group-by name (`tag:<key>` for a tag); KeyError if unknown."""
-    if name.startswith("tag:") and len(name) > 4:
-        return _tag_key(name[4:])
-    return GROUPS[name]
+UNIT_GROUPS: dict[str, UnitKey] = {"gpu_model": _model_key, "gpu": _gpu_key, "slice": _slice_key}
+GROUPS = (*INSTANCE_GROUPS, *UNIT_GROUPS)
+"""Every group-by name, besides `tag:<key>`."""
 
 
 def is_group_name(name: str) -> bool:
@@ -371,19 +367,34 @@ class WasteAnalysis:
     totals: Figures
     fleet: Fleet
 
+    by_instance: dict[int, GroupRow] = field(default_factory=dict)
+    """Figures per instance (by its row id): the building block of every instance-level grouping."""
+
     def group(self, by: str) -> list[GroupRow]:
-        """Rows per group, largest waste first."""
-        key = group_key(by)
+        """Rows per group, largest waste first; KeyError for an unknown group-by name."""
         rows: dict[str, GroupRow] = {}
-        for unit in self.units:
-            k, label = key(unit)
-            row = rows.get(k)
-            if row is None:
-                row = rows[k] = GroupRow(k, label)
-            row.figures.add(unit.figures())
-            row.units.append(unit)
-            row.gpus.add(unit.gpu.pk)
-            row.prices.add(unit.instance.price.source)
+        if by in UNIT_GROUPS:
+            unit_key = UNIT_GROUPS[by]
+            for unit in self.units:
+                k, label = unit_key(unit)
+                row = rows.get(k)
+                if row is None:
+                    row = rows[k] = GroupRow(k, label)
+                row.figures.add(unit.figures())
+                row.units.append(unit)
+                row.gpus.add(unit.gpu.pk)
+                row.prices.add(unit.instance.price.source)
+        else:
+            key = _tag_key(by[4:]) if by.startswith("tag:") and len(by) > 4 else INSTANCE_GROUPS[by]
+            for inst_row in self.by_instance.values():
+                k, label = key(inst_row.sample.instance)
+                row = rows.get(k)
+                if row is None:
+                    row = rows[k] = GroupRow(k, label)
+                row.figures.add(inst_row.figures)
+                row.units.extend(inst_row.units)
+                row.gpus |= inst_row.gpus
+                row.prices |= inst_row.prices
         return sorted(rows.values(), key=lambda r: (-r.figures.waste, -r.figures.cost, r.label))
 
     def monthly(self, usd: float) -> float:
@@ -400,10 +411,24 @@ class WasteAnalysis:
         return self.totals.all_hours > 0
 
 
-def summarise(units: Iterable[Unit]) -> Figures:
-    total = Figures()
+def per_instance(units: Iterable[Unit]) -> dict[int, GroupRow]:
+    rows: dict[int, GroupRow] = {}
     for unit in units:
-        total.add(unit.figures())
+        inst = unit.instance
+        row = rows.get(inst.pk)
+        if row is None:
+            row = rows[inst.pk] = GroupRow(inst.instance_id, inst.name)
+            row.prices.add(inst.price.source)
+        row.figures.add(unit.figures())
+        row.units.append(unit)
+        row.gpus.add(unit.gpu.pk)
+    return rows
+
+
+def summarise(rows: Iterable[GroupRow]) -> Figures:
+    total = Figures()
+    for row in rows:
+        total.add(row.figures)
     return total
 
 
@@ -424,4 +449,12 @@ def analyse_waste(session: Session, fleet: Fleet, window: Window, thresholds: Th
             changes.setdefault(device_id, []).append((at, bool(details.get("mig_mode"))))
     split = hourly_split(session, window, list(changes), idle_util_pct=thresholds.idle_util_pct, mode_at=changes)
     units = build_units(fleet, usage, window, split)
-    return WasteAnalysis(window=window, thresholds=thresholds, units=units, totals=summarise(units), fleet=fleet)
+    instances = per_instance(units)
+    return WasteAnalysis(
+        window=window,
+        thresholds=thresholds,
+        units=units,
+        totals=summarise(instances.values()),
+        fleet=fleet,
+        by_instance=instances,
+    )
