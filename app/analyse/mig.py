@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .fleet import GpuInfo, SliceInfo
-from .states import OFFLINE, UNKNOWN
+from .states import OFFLINE, UNKNOWN, UNPARTITIONED
 from .waste import SLICE, Unit, WasteAnalysis
-from .waste import UNPARTITIONED as UNPARTITIONED_UNIT
 
 NO_PROCESS_SHARE = 0.99
 """A slice with no process for this share of its hours counts as holding nothing."""
@@ -59,7 +58,7 @@ def mig_gpus(analysis: WasteAnalysis, states: dict[int, str]) -> list[MigGpuView
     """Every GPU in MIG mode now, or with slices in the window, ordered by instance and index."""
     fleet = analysis.fleet
     slice_units = {u.slice.pk: u for u in analysis.units if u.kind == SLICE and u.slice is not None}
-    capacity = {u.gpu.pk: u for u in analysis.units if u.kind == UNPARTITIONED_UNIT}
+    capacity = {u.gpu.pk: u for u in analysis.units if u.kind == UNPARTITIONED}
     limit = analysis.thresholds.underused_util_pct
     views = []
     for gpu in fleet.gpus.values():

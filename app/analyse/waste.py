@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from ..models import Event
 from .fleet import Fleet, GpuInfo, InstanceInfo, SliceInfo
-from .states import Thresholds
+from .states import UNPARTITIONED, Thresholds
 from .usage import DeviceUsage, hourly_split, window_usage
 from .window import Window
 
@@ -25,7 +25,7 @@ HOURS_PER_MONTH = 730.0
 
 GPU = "gpu"
 SLICE = "slice"
-UNPARTITIONED = "unpartitioned"
+# The third kind of unit, the free capacity of a MIG GPU, shares its name with the state it is in.
 
 
 @dataclass(slots=True)

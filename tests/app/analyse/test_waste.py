@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from app.analyse.waste import GPU, SLICE, UNPARTITIONED
+from app.analyse.states import UNPARTITIONED
+from app.analyse.waste import GPU, SLICE
 from app.analyse.window import Filters
 from tests.app.analyse.conftest import P4D_PER_GPU_HOUR, Analyst, Feeder, busy, held, idle, unknown
 from tests.factories import gpu, mig_slice
