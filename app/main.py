@@ -24,6 +24,7 @@ from .ingest.routes import router as ingest_router
 from .ingest.schemas import ErrorOut, IngestBatchIn
 from .pricing.config import load_price_config
 from .pricing.resolve import Pricer
+from .report.routes import router as report_router
 from .settings import Settings, get_settings
 from .state import AppState
 from .store.partitions import upkeep
@@ -100,6 +101,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.include_router(health_router)
     app.include_router(ingest_router)
+    app.include_router(report_router)
     app.mount("/static", AssetFiles(directory=STATIC_DIR), name="static")
     app.include_router(pages_router)
 

@@ -7,7 +7,7 @@ their htmx fragments and the report all read these same figures.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -344,6 +344,23 @@ def is_group_name(name: str) -> bool:
     return name in GROUPS or (name.startswith("tag:") and len(name) > 4)
 
 
+def _instance_level(name: str) -> InstanceKey | None:
+    """The instance key of a grouping by something of the instance; None for a unit-level one."""
+    if name.startswith("tag:") and len(name) > 4:
+        return _tag_key(name[4:])
+    if name in UNIT_GROUPS:
+        return None
+    return INSTANCE_GROUPS[name]
+
+
+def _unit_level(name: str) -> UnitKey:
+    if name in UNIT_GROUPS:
+        return UNIT_GROUPS[name]
+    key = _instance_level(name)
+    assert key is not None
+    return lambda u: key(u.instance)
+
+
 @dataclass
 class GroupRow:
     key: str
@@ -353,6 +370,8 @@ class GroupRow:
     gpus: set[int] = field(default_factory=set)
     prices: set[str] = field(default_factory=set)
     """Sources of the prices of this row's units."""
+    parts: list[tuple[str, str]] = field(default_factory=list)
+    """(key, label) per grouping, in the order asked for."""
 
     @property
     def sample(self) -> Unit:
@@ -372,29 +391,39 @@ class WasteAnalysis:
 
     def group(self, by: str) -> list[GroupRow]:
         """Rows per group, largest waste first; KeyError for an unknown group-by name."""
+        return self.group_by([by])
+
+    def group_by(self, names: Sequence[str]) -> list[GroupRow]:
+        """Rows per combination of the named groupings (keys and labels joined by " / "), largest waste
+        first. Groupings by something of the instance add up per-instance figures; the others go unit by
+        unit. KeyError for an unknown name."""
+        instance_keys = [_instance_level(n) for n in names]
         rows: dict[str, GroupRow] = {}
-        if by in UNIT_GROUPS:
-            unit_key = UNIT_GROUPS[by]
-            for unit in self.units:
-                k, label = unit_key(unit)
-                row = rows.get(k)
-                if row is None:
-                    row = rows[k] = GroupRow(k, label)
-                row.figures.add(unit.figures())
-                row.units.append(unit)
-                row.gpus.add(unit.gpu.pk)
-                row.prices.add(unit.instance.price.source)
-        else:
-            key = _tag_key(by[4:]) if by.startswith("tag:") and len(by) > 4 else INSTANCE_GROUPS[by]
+
+        def row_for(parts: list[tuple[str, str]]) -> GroupRow:
+            key = " / ".join(k for k, _l in parts)
+            row = rows.get(key)
+            if row is None:
+                row = rows[key] = GroupRow(key, " / ".join(label for _k, label in parts))
+                row.parts = parts
+            return row
+
+        if all(k is not None for k in instance_keys):
             for inst_row in self.by_instance.values():
-                k, label = key(inst_row.sample.instance)
-                row = rows.get(k)
-                if row is None:
-                    row = rows[k] = GroupRow(k, label)
+                inst = inst_row.sample.instance
+                row = row_for([k(inst) for k in instance_keys if k is not None])
                 row.figures.add(inst_row.figures)
                 row.units.extend(inst_row.units)
                 row.gpus |= inst_row.gpus
                 row.prices |= inst_row.prices
+        else:
+            unit_keys = [_unit_level(n) for n in names]
+            for unit in self.units:
+                row = row_for([k(unit) for k in unit_keys])
+                row.figures.add(unit.figures())
+                row.units.append(unit)
+                row.gpus.add(unit.gpu.pk)
+                row.prices.add(unit.instance.price.source)
         return sorted(rows.values(), key=lambda r: (-r.figures.waste, -r.figures.cost, r.label))
 
     def monthly(self, usd: float) -> float:

@@ -1,0 +1,1 @@
+"""The utilization report: the waste analysis as rows, for scripts and spreadsheets."""
