@@ -115,6 +115,20 @@ class Fleet:
     def device_ids(self) -> list[int]:
         return [*self.gpus, *self.slices]
 
+    def live_slices(self, gpu_pk: int) -> list[SliceInfo]:
+        """The GPU's slices as it is laid out now (not retired)."""
+        return [s for s in self.slices_by_gpu.get(gpu_pk, []) if s.retired_at is None]
+
+
+def free_slices(gpu: GpuInfo, live: list[SliceInfo]) -> int:
+    """Compute slices (of 7) of a MIG-mode GPU in no slice: as the agent reported, else what its live slices
+    leave; 0 for a GPU not in MIG mode."""
+    if not gpu.mig_mode:
+        return 0
+    if gpu.unpartitioned_slices is not None:
+        return gpu.unpartitioned_slices
+    return max(0, 7 - sum(s.compute_slices for s in live))
+
 
 _INSTANCE_COLUMNS = (
     Instance.id,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .fleet import GpuInfo, SliceInfo
-from .states import OFFLINE, UNKNOWN, UNPARTITIONED
+from .fleet import GpuInfo, SliceInfo, free_slices
+from .states import OFFLINE, UNPARTITIONED
 from .waste import SLICE, Unit, WasteAnalysis
 
 NO_PROCESS_SHARE = 0.99
@@ -66,16 +66,14 @@ def mig_gpus(analysis: WasteAnalysis, states: dict[int, str]) -> list[MigGpuView
         if not gpu.mig_mode and not slices:
             continue
         offline = states.get(gpu.pk, OFFLINE) == OFFLINE
-        live = [s for s in slices if s.retired_at is None] if gpu.mig_mode else []
+        live = fleet.live_slices(gpu.pk) if gpu.mig_mode else []
         slots = []
         for sl in live:
             unit = slice_units.get(sl.pk)
             reason = underuse_reason(unit, limit) if unit is not None else ""
             state = OFFLINE if offline else states.get(sl.pk, OFFLINE)
             slots.append(SlotView(sl, unit, state, bool(reason), reason))
-        free = gpu.unpartitioned_slices
-        if free is None:
-            free = max(0, 7 - sum(s.compute_slices for s in live)) if gpu.mig_mode else 0
+        free = free_slices(gpu, live)
         history = [slice_units[s.pk] for s in slices if s.retired_at is not None and s.pk in slice_units]
         views.append(MigGpuView(gpu, slots, free, capacity.get(gpu.pk), offline, history))
     views.sort(key=lambda v: (v.gpu.instance.name, v.gpu.index))
@@ -91,10 +89,6 @@ class UnderusedSlice:
     def unit(self) -> Unit:
         assert self.slot.unit is not None
         return self.slot.unit
-
-    @property
-    def unknown(self) -> bool:
-        return self.slot.state == UNKNOWN or self.unit.avg_util is None
 
     @property
     def no_process_cost(self) -> float | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -10,7 +9,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from .fleet import Fleet
+from .fleet import Fleet, free_slices
 from .states import OFFLINE, UNPARTITIONED, Thresholds, sample_state
 
 
@@ -56,18 +55,6 @@ def latest_samples(
     return out
 
 
-@dataclass(frozen=True)
-class NowCounts:
-    """Devices per current state, in GPU equivalents (a 3g slice counts 3/7)."""
-
-    gpus: Counter[str]
-    """Passthrough GPUs per state."""
-    slices: Counter[str]
-    """MIG slices per state (count of slices)."""
-    gpu_equivalents: dict[str, float]
-    """Passthrough GPUs, slices by their fraction and unpartitioned capacity, per state."""
-
-
 def current_state(fleet: Fleet, latest: dict[int, Latest]) -> dict[int, str]:
     """State now of every GPU and slice of the fleet (offline when its newest sample is too old)."""
     states: dict[int, str] = {}
@@ -79,25 +66,21 @@ def current_state(fleet: Fleet, latest: dict[int, Latest]) -> dict[int, str]:
     return states
 
 
-def count_now(fleet: Fleet, states: dict[int, str]) -> NowCounts:
-    gpus: Counter[str] = Counter()
-    slices: Counter[str] = Counter()
-    equivalents: dict[str, float] = {}
+def gpu_equivalents_now(fleet: Fleet, states: dict[int, str]) -> dict[str, float]:
+    """GPUs per current state: passthrough GPUs count 1, slices their fraction, free MIG capacity its share
+    (as unpartitioned); everything on a GPU whose own data stopped counts as offline."""
+    out: dict[str, float] = {}
     for pk, gpu in fleet.gpus.items():
-        live = [s for s in fleet.slices_by_gpu.get(pk, []) if s.retired_at is None]
         if not gpu.mig_mode:
-            gpus[states[pk]] += 1
-            equivalents[states[pk]] = equivalents.get(states[pk], 0.0) + 1
+            out[states[pk]] = out.get(states[pk], 0.0) + 1
             continue
         gpu_offline = states[pk] == OFFLINE
+        live = fleet.live_slices(pk)
         for sl in live:
             state = OFFLINE if gpu_offline else states[sl.pk]
-            slices[state] += 1
-            equivalents[state] = equivalents.get(state, 0.0) + sl.fraction
-        free = gpu.unpartitioned_slices
-        if free is None:
-            free = max(0, 7 - sum(s.compute_slices for s in live))
+            out[state] = out.get(state, 0.0) + sl.fraction
+        free = free_slices(gpu, live)
         if free:
             key = OFFLINE if gpu_offline else UNPARTITIONED
-            equivalents[key] = equivalents.get(key, 0.0) + free / 7
-    return NowCounts(gpus=gpus, slices=slices, gpu_equivalents=equivalents)
+            out[key] = out.get(key, 0.0) + free / 7
+    return out

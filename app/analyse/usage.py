@@ -26,10 +26,6 @@ _COLUMNS = (
     "util_lt{b}_s",
     "free_lt{b}_s",
     "no_proc_s",
-    "mem_known_s",
-    "mem_sum",
-    "power_known_s",
-    "power_sum",
 )
 
 
@@ -47,26 +43,6 @@ class DeviceUsage:
     free_s: float
     """Seconds under the threshold with no process and memory under the held bound (idle)."""
     no_proc_s: float
-    mem_known_s: float
-    mem_sum: float
-    power_known_s: float
-    power_sum: float
-
-    @property
-    def active_s(self) -> float:
-        return max(0.0, self.util_known_s - self.below_s)
-
-    @property
-    def idle_held_s(self) -> float:
-        return max(0.0, self.below_s - self.free_s)
-
-    @property
-    def idle_s(self) -> float:
-        return max(0.0, self.free_s)
-
-    @property
-    def unknown_s(self) -> float:
-        return max(0.0, self.covered_s - self.util_known_s)
 
 
 @lru_cache(maxsize=64)

@@ -51,7 +51,6 @@ class Figures:
     unused_cost: float = 0.0
     """Cost x (1 - utilization), over hours with a utilization figure."""
     unpartitioned_cost: float = 0.0
-    unknown_cost: float = 0.0
     unpriced_gpu_hours: float = 0.0
     """GPU-hours of units with no price: their money is left out of every USD figure, never counted as 0."""
 
@@ -72,7 +71,6 @@ class Figures:
         self.idle_held_cost += other.idle_held_cost
         self.unused_cost += other.unused_cost
         self.unpartitioned_cost += other.unpartitioned_cost
-        self.unknown_cost += other.unknown_cost
         self.unpriced_gpu_hours += other.unpriced_gpu_hours
 
     @property
@@ -130,10 +128,6 @@ class Unit:
     util_known_s: float = 0.0
     util_sum: float = 0.0
     no_proc_s: float = 0.0
-    mem_known_s: float = 0.0
-    mem_sum: float = 0.0
-    power_known_s: float = 0.0
-    power_sum: float = 0.0
     _figures: Figures | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -163,14 +157,6 @@ class Unit:
     def avg_util(self) -> float | None:
         return self.util_sum / self.util_known_s if self.util_known_s > 0 else None
 
-    @property
-    def avg_mem_mib(self) -> float | None:
-        return self.mem_sum / self.mem_known_s if self.mem_known_s > 0 else None
-
-    @property
-    def avg_power_w(self) -> float | None:
-        return self.power_sum / self.power_known_s if self.power_known_s > 0 else None
-
     def figures(self) -> Figures:
         """The unit's figures (computed once: a unit does not change after it is built)."""
         if self._figures is None:
@@ -198,14 +184,13 @@ class Unit:
         f.cost = f.gpu_hours * rate
         f.idle_cost = f.idle_h * rate
         f.idle_held_cost = f.idle_held_h * rate
-        f.unknown_cost = f.unknown_h * rate
         f.unused_cost = max(0.0, f.util_known_h - f.util_sum_h / 100) * rate
         f.unpartitioned_cost = f.unpartitioned_h * rate
         return f
 
 
 def _fill(unit: Unit, u: DeviceUsage) -> None:
-    # The state split of DeviceUsage's properties, inline: this runs for every device on every page view.
+    # Covered seconds split into states (docs/waste.md, "States").
     unit.covered_s += u.covered_s
     unit.active_s += max(0.0, u.util_known_s - u.below_s)
     unit.idle_held_s += max(0.0, u.below_s - u.free_s)
@@ -214,10 +199,6 @@ def _fill(unit: Unit, u: DeviceUsage) -> None:
     unit.util_known_s += u.util_known_s
     unit.util_sum += u.util_sum
     unit.no_proc_s += u.no_proc_s
-    unit.mem_known_s += u.mem_known_s
-    unit.mem_sum += u.mem_sum
-    unit.power_known_s += u.power_known_s
-    unit.power_sum += u.power_sum
 
 
 def _expected_s(gpu: GpuInfo, window: Window) -> float:

@@ -66,10 +66,6 @@ class Window:
         return max(0.0, (min(self.end, self.now) - self.start).total_seconds() / 3600)
 
     @property
-    def seconds(self) -> float:
-        return self.hours * 3600
-
-    @property
     def is_live(self) -> bool:
         """The window reaches the present, so its figures change as data arrives."""
         return self.end > self.now
@@ -182,10 +178,6 @@ class Filters:
     lifecycles: tuple[str, ...] = ()
     tags: tuple[tuple[str, str], ...] = ()
     instance_ids: tuple[str, ...] = field(default=())
-
-    @property
-    def active(self) -> bool:
-        return bool(self.regions or self.instance_types or self.lifecycles or self.tags or self.instance_ids)
 
     def match(
         self, *, region: str | None, instance_type: str | None, lifecycle: str | None, tags: Mapping[str, str]

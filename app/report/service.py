@@ -87,8 +87,11 @@ class Report:
     def window(self) -> Window:
         return self.analysis.window
 
+    @property
+    def price_sources(self) -> set[str]:
+        return {p for r in self.rows for p in r.prices}
+
     def as_json(self) -> dict[str, Any]:
-        every_price = set().union(*(r.prices for r in self.rows)) if self.rows else set()
         return {
             "start": self.window.start.isoformat(),
             "end": min(self.window.end, self.window.now).isoformat(),
@@ -98,7 +101,7 @@ class Report:
                 | figures_dict(r.figures, r.prices)
                 for r in self.rows
             ],
-            "totals": figures_dict(self.analysis.totals, every_price),
+            "totals": figures_dict(self.analysis.totals, self.price_sources),
         }
 
     def csv_lines(self) -> Iterator[str]:
@@ -121,7 +124,7 @@ class Report:
             values = figures_dict(r.figures, r.prices)
             out.writerow([start, end, *(label for _k, label in r.parts), *(_cell(values[c]) for c in FIGURE_COLUMNS)])
             yield emit()
-        totals = figures_dict(self.analysis.totals, set())
+        totals = figures_dict(self.analysis.totals, self.price_sources)
         out.writerow(
             [start, end, *(["TOTAL"] + [""] * (len(self.group_by) - 1)), *(_cell(totals[c]) for c in FIGURE_COLUMNS)]
         )

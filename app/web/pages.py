@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from ..analyse.fleet import GONE, OFFLINE, ONLINE, Fleet, GpuInfo, load_fleet
 from ..analyse.idle import idle_gpus
 from ..analyse.mig import MigGpuView, mig_gpus, underused_slices, unpartitioned
-from ..analyse.now import count_now, current_state, latest_samples
+from ..analyse.now import current_state, gpu_equivalents_now, latest_samples
 from ..analyse.series import Point, device_series, series_step
 from ..analyse.states import OFFLINE as STATE_OFFLINE
 from ..analyse.states import UNPARTITIONED, Thresholds
@@ -183,7 +183,7 @@ def _overview(session: Session, state: AppState, q: Query, now: datetime) -> dic
         "status": status,
         "mig_gpus": sum(1 for g in fleet.gpus.values() if g.mig_mode),
         "live_slices": sum(1 for s in fleet.slices.values() if s.retired_at is None),
-        "now_counts": count_now(fleet, states),
+        "now_equivalents": gpu_equivalents_now(fleet, states),
         "idle": idle,
         "idle_burn_per_day": sum(g.usd_per_day or 0.0 for g in idle),
         "state_bar": state_bar_svg(totals.state_hours, width=960, height=20),
@@ -246,7 +246,7 @@ def _mig(session: Session, state: AppState, q: Query, now: datetime) -> dict[str
     t = _thresholds(state)
     fleet = _fleet(session, state, q, now)
     analysis = analyse_waste(session, fleet, q.window, t)
-    latest = latest_samples(session, now=now, thresholds=t, device_ids=fleet.device_ids() or [])
+    latest = latest_samples(session, now=now, thresholds=t)
     views = mig_gpus(analysis, current_state(fleet, latest))
     free = unpartitioned(views)
     underused = underused_slices(views)
@@ -465,7 +465,7 @@ def _instance_detail(instance_id: str) -> Callable[[Session, AppState, Query, da
         units = {u.key: u for u in analysis.units}
         gpus = []
         for gpu in sorted(fleet.gpus.values(), key=lambda g: g.index):
-            slices = [s for s in fleet.slices_by_gpu.get(gpu.pk, []) if s.retired_at is None]
+            slices = fleet.live_slices(gpu.pk)
             devices = [(f"GPU {gpu.index}", gpu.pk, "series-1")] + [
                 (f"{s.profile} GI {s.gpu_instance_id}", s.pk, f"series-{i % 7 + 2}") for i, s in enumerate(slices)
             ]
