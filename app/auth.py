@@ -1,17 +1,25 @@
-"""Bearer tokens: made by `gpufleet token create`, stored as SHA-256, checked on every API call."""
+"""Who may call: bearer tokens (made by `gpufleet token create`, stored as SHA-256), and the one rule for every
+route that reads (`require_read`): a token, a dashboard session, or a user named by a trusted proxy.
+docs/security.md describes it for operators.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address
+from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
+from starlette.requests import HTTPConnection, Request
 
 from .errors import ApiError
 from .models import SCOPES, ApiToken
+from .sessions import SESSION_COOKIE, LiveSession, end_token_sessions, find_session
 
 TOKEN_PREFIX = "gpf_"
 # last_used_at is a hint for operators; writing it on every request would cost a row update per batch.
@@ -56,6 +64,7 @@ def revoke_token(session: Session, name_or_id: str, *, now: datetime) -> ApiToke
     token = session.scalars(query).first()
     if token is not None and token.revoked_at is None:
         token.revoked_at = now
+        end_token_sessions(session, token.id)
         session.flush()
     return token
 
@@ -64,8 +73,11 @@ def allows(scope: str, needed: str) -> bool:
     return scope == needed or scope == "admin"
 
 
+_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="gpufleet"'}
+
+
 def _unauthorized(message: str) -> ApiError:
-    return ApiError(401, message, headers={"WWW-Authenticate": 'Bearer realm="gpufleet"'})
+    return ApiError(401, message, headers=dict(_CHALLENGE))
 
 
 def authenticate(session: Session, authorization: str | None, *, needed: str, now: datetime) -> Caller:
@@ -89,3 +101,114 @@ def authenticate(session: Session, authorization: str | None, *, needed: str, no
     if row.last_used_at is None or now - row.last_used_at > _LAST_USED_GRANULARITY:
         session.execute(update(ApiToken).where(ApiToken.id == row.id).values(last_used_at=now))
     return Caller(token_id=row.id, name=row.name, scope=row.scope)
+
+
+# Who may call each route ----------------------------------------------------------------------------------------
+
+BEARER = "bearerToken"
+COOKIE = "sessionCookie"
+SECURITY_SCHEMES: dict[str, Any] = {
+    BEARER: {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "A token from `gpufleet token create`. Its scope must be the one the route names, or admin.",
+    },
+    COOKIE: {
+        "type": "apiKey",
+        "in": "cookie",
+        "name": SESSION_COOKIE,
+        "description": "A dashboard login (`/login`); reads only.",
+    },
+}
+
+
+def requires(scope: str | None) -> dict[str, Any]:
+    """A route's `openapi_extra`: who may call it, as an OpenAPI security requirement; None: anyone.
+
+    Every route declares one. tests/app/test_auth_matrix.py reads the declarations back from the route table and
+    checks each route's answers against them, so a route that declares nothing fails the tests.
+    """
+    if scope is None:
+        return {"security": []}
+    if scope not in SCOPES:
+        raise ValueError(f"unknown scope {scope!r}")
+    if scope == "read":
+        return {"security": [{BEARER: ["read"]}, {COOKIE: []}]}
+    return {"security": [{BEARER: [scope]}]}
+
+
+@dataclass(frozen=True)
+class Reader:
+    """Who reads, and how they showed it: `token` (a bearer header), `session` (a dashboard login), `proxy` (the
+    user header of a trusted proxy) or `open` (GPUFLEET_AUTH=off)."""
+
+    via: str
+    name: str
+    session: LiveSession | None = None
+
+
+class LoginRequired(ApiError):
+    """401 for a request without credentials, or with a session cookie that no longer holds. A dashboard page
+    answers it by sending the browser to the login form; an API route answers it as any other 401."""
+
+
+def peer_address(conn: HTTPConnection) -> IPv4Address | IPv6Address | None:
+    """The address of the connection's peer (IPv4-mapped IPv6 as IPv4), or None when it is not an IP address."""
+    host = conn.client.host if conn.client else None
+    try:
+        peer = ip_address(host) if host else None
+    except ValueError:
+        return None
+    if isinstance(peer, IPv6Address) and peer.ipv4_mapped is not None:
+        return peer.ipv4_mapped
+    return peer
+
+
+def is_loopback(conn: HTTPConnection) -> bool:
+    peer = peer_address(conn)
+    return peer is not None and peer.is_loopback
+
+
+def _proxy_user(conn: HTTPConnection, networks: Sequence[IPv4Network | IPv6Network], header: str) -> str | None:
+    peer = peer_address(conn)
+    if peer is None or not any(peer.version == net.version and peer in net for net in networks):
+        return None
+    # Exactly one value: a proxy that appends to a header the client already sent must not let the client choose.
+    values = conn.headers.getlist(header)
+    if len(values) != 1 or not values[0].strip():
+        return None
+    return values[0].strip()[:200]
+
+
+def require_read(session: Session, request: Request, *, now: datetime, dashboard: bool = False) -> Reader:
+    """The reader behind a request to a route that reads (dashboard pages, the report, /metrics), or ApiError.
+
+    With GPUFLEET_AUTH=off anyone on this host reads (other peers: 403). Otherwise, in order: an `Authorization:
+    Bearer` token of scope read or admin (401 unknown or revoked, 403 another scope); for a dashboard page, the
+    user header sent by a trusted proxy; a live dashboard session. Without any of them: LoginRequired (401).
+    `session` must be committed afterwards: a token's `last_used_at` may be updated.
+
+    The proxy's header counts on dashboard pages only: a proxy may let API paths through without a login (agents
+    and Prometheus bring tokens), and a header a client sent there must not open the API.
+    """
+    from .state import app_state  # here: the app state's modules (metrics) use this one
+
+    settings = app_state(request).settings
+    if settings.auth == "off":
+        if not is_loopback(request):
+            raise ApiError(403, "authentication is off (GPUFLEET_AUTH=off): only clients on this host may read")
+        return Reader("open", "")
+    authorization = request.headers.get("authorization")
+    if authorization:
+        caller = authenticate(session, authorization, needed="read", now=now)
+        return Reader("token", caller.name)
+    user = _proxy_user(request, settings.trusted_proxies, settings.proxy_user_header) if dashboard else None
+    if user is not None:
+        return Reader("proxy", user)
+    cookie = request.cookies.get(SESSION_COOKIE)
+    if cookie:
+        live = find_session(session, cookie, password_hash=settings.admin_password_hash, now=now)
+        if live is None:
+            raise LoginRequired(401, "session expired or ended: log in again", headers=_CHALLENGE)
+        return Reader("session", live.name, live)
+    raise LoginRequired(401, "log in, or send Authorization: Bearer <token> with a read token", headers=_CHALLENGE)

@@ -1,4 +1,4 @@
-"""`gpufleet`: serve, migrate, token create/list/revoke, maintain, prices.
+"""`gpufleet`: serve, migrate, token create/list/revoke, hash-password, maintain, prices, report.
 
 Every failure ends in one readable line on stderr and a non-zero exit code, never a traceback.
 """
@@ -6,13 +6,16 @@ Every failure ends in one readable line on stderr and a non-zero exit code, neve
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from ipaddress import ip_address
 from typing import TYPE_CHECKING, NoReturn
 
 from pydantic import ValidationError
@@ -88,6 +91,40 @@ def _on_sigterm(_signum: int, _frame: object) -> None:
     raise _Terminated
 
 
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def is_loopback_host(host: str) -> bool:
+    """127.0.0.0/8, ::1 or `localhost`: an address only this machine can reach."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+AUTH_OFF_WARNING = """\
+gpufleet: ****************************************************************************
+gpufleet: WARNING: authentication is OFF (GPUFLEET_AUTH=off).
+gpufleet: Anyone on this machine can read the dashboard, the report and /metrics
+gpufleet: without a token or a login. Ingest still needs a token of scope ingest.
+gpufleet: Use this for a demo on a laptop only. docs/security.md, "GPUFLEET_AUTH=off".
+gpufleet: ****************************************************************************"""
+
+
+def _check_auth(settings: Settings) -> None:
+    """With auth off: refuse a non-loopback address (one line, exit 2), else print the warning to stderr."""
+    if settings.auth != "off":
+        return
+    if not is_loopback_host(settings.host):
+        _fail(
+            f"GPUFLEET_AUTH=off is refused on {settings.host}: it serves the fleet's data without credentials; "
+            "bind 127.0.0.1, ::1 or localhost, or turn auth on"
+        )
+    print(AUTH_OFF_WARNING, file=sys.stderr, flush=True)
+
+
 def cmd_serve(args: argparse.Namespace) -> None:
     import uvicorn
 
@@ -96,8 +133,12 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     settings = _settings(args)
     _check_prices(settings)
+    _check_auth(settings)
     if settings.host not in ("127.0.0.1", "localhost", "::1"):
         logging.getLogger("gpufleet").info("listening on %s: put a TLS-terminating proxy in front", settings.host)
+    # With trusted proxies, the peer address must stay the proxy's own: uvicorn would otherwise replace it with
+    # X-Forwarded-For from a proxy on 127.0.0.1, and the user header would be checked against the wrong address.
+    proxy_headers = not settings.trusted_proxies
     with database(settings, announce=True) as url:
         _migrate(url)
         settings = settings.model_copy(update={"database_url": url})
@@ -105,17 +146,30 @@ def cmd_serve(args: argparse.Namespace) -> None:
         print(f"gpufleet: serving on http://{shown}:{settings.port}/ (Ctrl-C stops)", flush=True)
         if settings.workers > 1:
             os.environ["GPUFLEET_DATABASE_URL"] = url
-            uvicorn.run(
-                "app.asgi:app",
-                host=settings.host,
-                port=settings.port,
-                workers=settings.workers,
-                access_log=settings.access_log,
-            )
+            # Each worker keeps its metric counters in files here and a scrape of any worker sums them all
+            # (prometheus_client's multiprocess mode, docs/metrics.md); a fresh folder per run, so no stale counts.
+            with tempfile.TemporaryDirectory(prefix="gpufleet-metrics-") as metrics_dir:
+                os.environ[METRICS_DIR_ENV] = metrics_dir
+                uvicorn.run(
+                    "app.asgi:app",
+                    host=settings.host,
+                    port=settings.port,
+                    workers=settings.workers,
+                    access_log=settings.access_log,
+                    proxy_headers=proxy_headers,
+                )
         else:
+            # One process counts in memory; a leftover folder from the environment would only mix in old files.
+            os.environ.pop(METRICS_DIR_ENV, None)
             from .main import create_app
 
-            uvicorn.run(create_app(settings), host=settings.host, port=settings.port, access_log=settings.access_log)
+            uvicorn.run(
+                create_app(settings),
+                host=settings.host,
+                port=settings.port,
+                access_log=settings.access_log,
+                proxy_headers=proxy_headers,
+            )
     print("gpufleet: stopped", flush=True)
 
 
@@ -208,6 +262,24 @@ def cmd_token_revoke(args: argparse.Namespace) -> None:
     _with_session(args, work)
 
 
+def cmd_hash_password(_args: argparse.Namespace) -> None:
+    from .passwords import hash_password
+
+    if sys.stdin.isatty():
+        import getpass
+
+        password = getpass.getpass("Admin password: ")
+        if getpass.getpass("Same again: ") != password:
+            _fail("the two passwords differ")
+    else:
+        password = sys.stdin.readline().rstrip("\r\n")
+    try:
+        print(hash_password(password))
+    except ValueError as exc:
+        _fail(str(exc))
+    print("gpufleet: set GPUFLEET_ADMIN_PASSWORD_HASH to the line above", file=sys.stderr)
+
+
 def _money(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
@@ -256,6 +328,36 @@ def cmd_prices(args: argparse.Namespace) -> None:
     print(f"gpufleet: USD; catalog: us-east-1 Linux list prices; {origin}; {spot_rule}", file=sys.stderr)
 
 
+def cmd_report(args: argparse.Namespace) -> None:
+    from .report import client
+
+    try:
+        server = client.resolve_server(args.url, args.token, args.token_file, args.timeout)
+        params = client.query(
+            start=args.start,
+            end=args.end,
+            window=args.window,
+            group_by=args.group_by or (),
+            region=args.region or (),
+            instance_type=args.instance_type or (),
+            lifecycle=args.lifecycle or (),
+            tag=args.tag or (),
+            fmt="csv" if args.format == "csv" else "json",
+        )
+        if args.format == "csv":
+            client.copy_csv(server, params, sys.stdout)
+        elif args.format == "json":
+            print(json.dumps(client.fetch_json(server, params), indent=2, ensure_ascii=False))
+        else:
+            print("\n".join(client.render_table(client.fetch_json(server, params))))
+        sys.stdout.flush()
+    except client.ReportClientError as exc:
+        _fail(str(exc), exc.code)
+    except BrokenPipeError:
+        # The reader (`| head`) has gone: nothing left to say, and nothing to flush at exit either.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpufleet", description="gpufleet server: where GPU money goes.")
     parser.add_argument("--version", action="version", version=f"gpufleet {__version__}")
@@ -299,6 +401,39 @@ def build_parser() -> argparse.ArgumentParser:
     db_args(p)
     p.add_argument("token", help="token name or id")
     p.set_defaults(func=cmd_token_revoke)
+
+    p = sub.add_parser(
+        "hash-password",
+        help="hash a dashboard admin password for GPUFLEET_ADMIN_PASSWORD_HASH",
+        description="Reads the password from the terminal (twice) or one line of stdin; prints its scrypt hash.",
+    )
+    p.set_defaults(func=cmd_hash_password)
+
+    p = sub.add_parser(
+        "report",
+        help="print the utilization and cost report of a running server (docs/report.md)",
+        description="GET /api/v1/report from a running server and print it. Filters and --group-by repeat.",
+    )
+    p.add_argument("--url", help="server URL (default: GPUFLEET_URL, else http://127.0.0.1:8000)")
+    p.add_argument("--token", help="token with the read scope (default: GPUFLEET_TOKEN)")
+    p.add_argument("--token-file", metavar="PATH", help="file holding the token")
+    p.add_argument("--start", help="ISO 8601 start of the window (default: the last 7 days)")
+    p.add_argument("--end", help="ISO 8601 end of the window (default: now)")
+    p.add_argument("--window", help="instead of --start/--end: 1h, 6h, 24h, 7d or 30d")
+    p.add_argument(
+        "--group-by",
+        action="append",
+        metavar="NAME",
+        help="instance, instance_type, region, availability_zone, lifecycle, gpu, slice, gpu_model or "
+        "tag:KEY (default: instance_type)",
+    )
+    p.add_argument("--region", action="append", help="only this region")
+    p.add_argument("--instance-type", action="append", help="only this instance type")
+    p.add_argument("--lifecycle", action="append", help="only this lifecycle: spot, on-demand, on-prem")
+    p.add_argument("--tag", action="append", metavar="KEY:VALUE", help="only instances with this tag")
+    p.add_argument("--format", choices=["table", "csv", "json"], default="table", help="output (default table)")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds to wait for the server")
+    p.set_defaults(func=cmd_report)
     return parser
 
 

@@ -7,13 +7,14 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
+from .auth import requires
 from .migrate import current_revision, head_revision
 from .state import AppState, app_state
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", summary="The process is up")
+@router.get("/healthz", summary="The process is up", openapi_extra=requires(None))
 def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
@@ -38,6 +39,7 @@ def _readiness(state: AppState) -> tuple[bool, dict[str, str | None]]:
     "/readyz",
     summary="The database answers and its schema is at the newest migration",
     responses={503: {"description": "Not ready; `reason` says why."}},
+    openapi_extra=requires(None),
 )
 async def readyz(request: Request) -> JSONResponse:
     ok, body = await run_in_threadpool(_readiness, app_state(request))

@@ -17,17 +17,22 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from . import __version__
+from .auth import SECURITY_SCHEMES
 from .db import make_engine, make_sessionmaker
 from .errors import ApiError
 from .health import router as health_router
 from .ingest.routes import router as ingest_router
 from .ingest.schemas import ErrorOut, IngestBatchIn
+from .metrics.routes import router as metrics_router
+from .metrics.server import CountDatabaseErrors, ServerMetrics, multiprocess_dir
 from .pricing.config import load_price_config
 from .pricing.resolve import Pricer
 from .report.routes import router as report_router
 from .settings import Settings, get_settings
 from .state import AppState
 from .store.partitions import upkeep
+from .web.access import ToLogin, to_login
+from .web.login import router as login_router
 from .web.pages import router as pages_router
 from .web.templating import STATIC_DIR, AssetFiles
 
@@ -47,11 +52,12 @@ def run_upkeep(engine: Engine, settings: Settings) -> None:
         log.info("partitions: created %d day(s), dropped %s", len(result.created_days), result.dropped or "none")
 
 
-async def _upkeep_loop(engine: Engine, settings: Settings) -> None:
+async def _upkeep_loop(engine: Engine, settings: Settings, metrics: ServerMetrics) -> None:
     while True:
         try:
             await asyncio.to_thread(run_upkeep, engine, settings)
         except SQLAlchemyError as exc:
+            metrics.database_error("upkeep")
             log.warning("partition upkeep failed, will retry: %s", exc)
         await asyncio.sleep(settings.maintenance_interval_s)
 
@@ -76,15 +82,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     # Read now, so a bad price file stops the server before it serves (PriceConfigError names the problem).
     pricer = Pricer(load_price_config(settings.prices_file))
+    metrics = ServerMetrics(multiprocess_dir())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         tune_gc()
         engine = make_engine(settings.database_url or "", pool_size=settings.db_pool_size)
         app.state.gpufleet = AppState(
-            settings=settings, engine=engine, sessions=make_sessionmaker(engine), pricer=pricer
+            settings=settings, engine=engine, sessions=make_sessionmaker(engine), pricer=pricer, metrics=metrics
         )
-        task = asyncio.create_task(_upkeep_loop(engine, settings))
+        task = asyncio.create_task(_upkeep_loop(engine, settings, metrics))
         try:
             yield
         finally:
@@ -102,8 +109,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health_router)
     app.include_router(ingest_router)
     app.include_router(report_router)
+    app.include_router(metrics_router)
     app.mount("/static", AssetFiles(directory=STATIC_DIR), name="static")
+    app.add_middleware(CountDatabaseErrors, metrics=metrics)
+    app.include_router(login_router)
     app.include_router(pages_router)
+    app.add_exception_handler(ToLogin, to_login)
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
@@ -113,7 +124,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
             # The ingest body is parsed by hand (gzip, size limit), so its models are added here.
-            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            schema.setdefault("components", {})["securitySchemes"] = SECURITY_SCHEMES
+            components = schema["components"].setdefault("schemas", {})
             for model in (IngestBatchIn, ErrorOut):
                 defs = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 components.update(defs.pop("$defs", {}))

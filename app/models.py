@@ -70,6 +70,27 @@ class ApiToken(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(TZ)
 
 
+class WebSession(Base):
+    """A dashboard login. The browser's cookie holds a random id; only its SHA-256 is kept. A session opened with
+    a token ends when the token is revoked (or deleted); one opened with the admin password ends when the
+    configured password hash changes."""
+
+    __tablename__ = "web_sessions"
+    __table_args__ = (
+        CheckConstraint("(token_id IS NULL) <> (password_sha256 IS NULL)", name="one_credential"),
+        Index("ix_web_sessions_expires_at", "expires_at"),
+    )
+
+    id_sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="CASCADE"), index=True)
+    password_sha256: Mapped[str | None] = mapped_column(
+        String(64), comment="SHA-256 of the admin password hash the session was opened with."
+    )
+    csrf_secret: Mapped[str] = mapped_column(String(64), comment="Token that the session's state-changing forms carry.")
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=text("now()"))
+    expires_at: Mapped[datetime] = mapped_column(TZ)
+
+
 class Instance(Base):
     """One host that runs an agent: an EC2 instance, or an on-premises machine named by host id."""
 

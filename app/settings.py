@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 from functools import lru_cache
+from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 def default_data_dir() -> Path:
@@ -74,6 +77,57 @@ class Settings(BaseSettings):
     )
 
     refresh_s: int = Field(default=30, ge=1, le=3600, description="How often dashboard pages refresh their figures, s.")
+
+    # Access control: docs/security.md explains each.
+    auth: Literal["on", "off"] = Field(
+        default="on", description="off: reading needs no credentials, for a demo on loopback only; ingest still does."
+    )
+    admin_password_hash: str | None = Field(
+        default=None, description="scrypt hash of a dashboard admin password (`gpufleet hash-password`); unset: none."
+    )
+    session_hours: float = Field(default=12.0, gt=0, le=720, description="How long a dashboard login lasts, hours.")
+    cookie_secure: Literal["auto", "on", "off"] = Field(
+        default="auto", description="Secure flag of the session cookie; auto: unless plain HTTP from loopback."
+    )
+    trusted_proxies: Annotated[list[IPv4Network | IPv6Network], NoDecode] = Field(
+        default_factory=list, description="Addresses (IPs or CIDRs, comma-separated) whose user header is trusted."
+    )
+    proxy_user_header: str = Field(
+        default="X-Forwarded-User", description="Header naming the user a trusted proxy has authenticated."
+    )
+
+    @field_validator("auth", "cookie_secure", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("admin_password_hash")
+    @classmethod
+    def _password_hash(cls, value: str | None) -> str | None:
+        from .passwords import parse_hash
+
+        if value is None or not value.strip():
+            return None
+        parse_hash(value)
+        return value.strip()
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _networks(cls, value: object) -> object:
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list | tuple):
+            return value
+        try:
+            return [ip_network(str(item).strip(), strict=False) for item in items if str(item).strip()]
+        except ValueError as exc:
+            raise ValueError(f"not an IP address or CIDR: {exc}") from None
+
+    @field_validator("proxy_user_header")
+    @classmethod
+    def _header_name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9-]{1,100}", value.strip()):
+            raise ValueError("a header name is letters, digits and dashes")
+        return value.strip()
 
     @field_validator("idle_util_pct")
     @classmethod

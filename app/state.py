@@ -1,4 +1,4 @@
-"""What the running server holds: settings, engine, session factory, known partitions."""
+"""What the running server holds: settings, engine, session factory, known partitions, metrics."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.requests import Request
 
+from .analyse.fleet import DeviceRowsCache
+from .metrics.server import ServerMetrics
 from .pricing.resolve import Pricer
 from .settings import Settings
 from .store.inventory import InventoryCache
 from .store.partitions import PartitionCache
+from .web.throttle import FailedLogins
 
 
 @dataclass
@@ -22,6 +25,9 @@ class AppState:
     partitions: PartitionCache = field(default_factory=PartitionCache)
     inventory: InventoryCache = field(default_factory=InventoryCache)
     pricer: Pricer = field(default_factory=Pricer)
+    fleet_rows: DeviceRowsCache = field(default_factory=DeviceRowsCache)
+    failed_logins: FailedLogins = field(default_factory=FailedLogins)
+    metrics: ServerMetrics = field(default_factory=ServerMetrics)
 
 
 def app_state(request: Request) -> AppState:

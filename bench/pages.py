@@ -30,6 +30,7 @@ import os
 import secrets
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -68,8 +69,9 @@ META_DDL = (
 WARMUP = 3
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv: list[str] | None, description: str | None = __doc__) -> argparse.Namespace:
+    """The fleet's, the database's and the timing's options; bench/report.py takes the same ones."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--instances", type=int, default=300, help="instances in the fleet (default 300)")
     p.add_argument("--days", type=int, default=14, help="days of samples (default 14)")
     p.add_argument("--interval-s", type=int, default=30, help="collection interval, s; divides an hour (default 30)")
@@ -419,13 +421,14 @@ def pick_instance(fleet: Fleet | None, url: str) -> str | None:
 
 
 class Client:
-    """Sequential GETs over one kept-alive connection; a read token is made the first time one is needed."""
+    """Sequential GETs over one kept-alive connection, as a script would send them: with a read token, made in
+    the database up front (the dashboard needs a reader; without one a page answers 303 to the login form)."""
 
     def __init__(self, port: int, db_url: str) -> None:
         self.port = port
         self.db_url = db_url
         self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-        self.auth: dict[str, str] = {}
+        self.auth = {"Authorization": f"Bearer {self.read_token()}"}
 
     def get(self, path: str, headers: dict[str, str]) -> tuple[int, int, float]:
         for attempt in range(2):
@@ -440,11 +443,7 @@ class Client:
                 if attempt:
                     raise
                 continue
-            took = time.perf_counter() - t
-            if response.status in (401, 403) and not self.auth:
-                self.auth = {"Authorization": f"Bearer {self.read_token()}"}
-                continue
-            return response.status, len(body), took
+            return response.status, len(body), time.perf_counter() - t
         raise BenchError(f"GET {path}: no answer")
 
     def read_token(self) -> str:
@@ -457,7 +456,7 @@ class Client:
                 _token, secret = create_token(session, name=f"bench-pages-{secrets.token_hex(4)}", scope="read")
         finally:
             engine.dispose()
-        log("the server asked for a token: made one with scope read")
+        log("made a token with scope read for the requests")
         return secret
 
     def close(self) -> None:
@@ -558,7 +557,35 @@ def load_fleet(db: Database, fleet: Fleet, workers: int, retention: int, mem_hel
     }
 
 
-def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]:
+@dataclass
+class Prepared:
+    """The database with the fleet loaded (or found), kept up to the present by `refresh`."""
+
+    db: Database
+    fleet: Fleet | None
+    figures: dict[str, Any]
+    reused: bool
+    retention: int
+    """Raw retention, days, for the server: long enough to keep every day of the fleet."""
+    engine: Engine
+    ids: dict[str, int]
+    mem_held_mib: int
+    skip_load: bool
+    topped: int = 0
+    """Sample rows added since the load, to bring the fleet up to the present."""
+
+    def refresh(self) -> None:
+        if self.fleet is None or self.skip_load:
+            return
+        current = read_meta(self.db.url)
+        assert current is not None
+        ensure_partitions(self.engine, self.retention)
+        n, _end = top_up(self.engine, self.db.url, self.fleet, self.ids, current["loaded_until"], self.mem_held_mib)
+        self.topped += n
+
+
+def prepare(args: argparse.Namespace, stack: contextlib.ExitStack) -> Prepared:
+    """Open the database, load the fleet unless the database already holds it, and top it up to now."""
     from app.db import make_engine
     from app.migrate import head_revision, upgrade
     from app.settings import Settings
@@ -586,7 +613,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]
             figures = dict(meta["figures"])
             log(f"found a loaded fleet: {meta['params']}, data up to {_utc(meta['loaded_until']).isoformat()}")
         else:
-            log("WARNING: no loaded fleet in this database; timing the pages on what is there")
+            log("WARNING: no loaded fleet in this database; timing on what is there")
         upgrade(url)
     else:
         if meta is not None or has_data(url):
@@ -601,35 +628,36 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]
     if fleet is not None:
         retention = max(14, fleet.days + 1)
 
-    topped = 0
     engine = make_engine(url, pool_size=2)
     stack.callback(engine.dispose)
     ids = device_ids(engine) if fleet is not None else {}
-
-    def refresh() -> None:
-        nonlocal topped
-        if fleet is None or args.skip_load:
-            return
-        current = read_meta(url)
-        assert current is not None
-        ensure_partitions(engine, retention)
-        n, _end = top_up(engine, url, fleet, ids, current["loaded_until"], mem_held_mib)
-        topped += n
-
+    prepared = Prepared(db, fleet, figures, reused, retention, engine, ids, mem_held_mib, args.skip_load)
     if fleet is not None and not args.skip_load:
         t = time.perf_counter()
-        refresh()
-        log(f"topped up to the present: {topped:,} rows in {time.perf_counter() - t:.1f} s")
+        prepared.refresh()
+        log(f"topped up to the present: {prepared.topped:,} rows in {time.perf_counter() - t:.1f} s")
+    return prepared
 
-    os.environ["GPUFLEET_RAW_RETENTION_DAYS"] = str(retention)
+
+def serve(prepared: Prepared, workers: int, stack: contextlib.ExitStack) -> tuple[subprocess.Popen[bytes], int, Path]:
+    """`gpufleet serve` on the prepared database, stopped when `stack` closes: (process, port, its log file)."""
+    os.environ["GPUFLEET_RAW_RETENTION_DAYS"] = str(prepared.retention)
     port = free_port()
-    log_dir = Path(tempfile.mkdtemp(prefix="gpufleet-bench-pages-log-"))
+    log_dir = Path(tempfile.mkdtemp(prefix="gpufleet-bench-log-"))
     stack.callback(lambda: shutil.rmtree(log_dir, ignore_errors=True))
     log_path = log_dir / "server.log"
-    proc = start_server(url, port, args.workers, log_path)
+    proc = start_server(prepared.db.url, port, workers, log_path)
     stack.callback(_quiet("stop server", lambda: stop_server(proc)))
     wait_ready(proc, port, log_path)
     log(f"server ready on port {port}")
+    return proc, port, log_path
+
+
+def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]:
+    prepared = prepare(args, stack)
+    db, fleet, figures, url = prepared.db, prepared.fleet, prepared.figures, prepared.db.url
+    refresh = prepared.refresh
+    proc, port, log_path = serve(prepared, args.workers, stack)
 
     client = Client(port, url)
     stack.callback(client.close)
@@ -663,11 +691,11 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]
     return {
         **load,
         "db_size_mib": db_size_mib(url),
-        "reused": reused,
+        "reused": prepared.reused,
         "days": fleet.days if fleet else args.days,
         "interval_s": fleet.interval_s if fleet else args.interval_s,
         "data_until": _utc(end["loaded_until"]).isoformat() if end else None,
-        "topup_rows": topped,
+        "topup_rows": prepared.topped,
         "runs": args.runs,
         "pages": pages,
         "fragments": fragments,

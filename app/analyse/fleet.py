@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from ..models import Event, Gpu, Instance, MigSlice
@@ -20,8 +21,8 @@ OFFLINE = "offline"
 GONE = "gone"
 
 
-# Plain slotted classes, not frozen ones: a fleet builds thousands on every page view, and a frozen
-# dataclass's __init__ costs several times more. Nothing changes them after load_fleet.
+# A plain slotted class, not a frozen one: a frozen dataclass's __init__ costs several times more, and a page
+# view builds one per instance. Nothing changes it after load_fleet.
 @dataclass(slots=True)
 class InstanceInfo:
     pk: int
@@ -49,12 +50,12 @@ class InstanceInfo:
         return self.tags.get("Name") or self.hostname or self.instance_id
 
 
-@dataclass(slots=True)
-class GpuInfo:
+# GPUs and slices are named tuples: a page view builds thousands, and a tuple is made in C.
+class GpuInfo(NamedTuple):
     pk: int
     uuid: str
     instance: InstanceInfo
-    index: int
+    gpu_index: int
     name: str
     memory_total_mib: int | None
     mig_mode: bool
@@ -64,11 +65,10 @@ class GpuInfo:
 
     @property
     def label(self) -> str:
-        return f"{self.instance.name} GPU {self.index}"
+        return f"{self.instance.name} GPU {self.gpu_index}"
 
 
-@dataclass(slots=True)
-class SliceInfo:
+class SliceInfo(NamedTuple):
     pk: int
     uuid: str
     gpu: GpuInfo
@@ -174,6 +174,50 @@ _SLICE_COLUMNS = (
 )
 
 
+# Row count and sum of row versions (xmin) per table: any insert, update or delete that commits changes one of
+# them, whatever order transactions commit in (a max of xmin would miss an older transaction committing late).
+_DEVICE_ROWS_VERSION = text(
+    "SELECT (SELECT count(*) || ':' || coalesce(sum(xmin::text::int8), 0) FROM gpus)"
+    " || '/' || (SELECT count(*) || ':' || coalesce(sum(xmin::text::int8), 0) FROM mig_slices)"
+)
+
+
+class DeviceRowsCache:
+    """The GPU and MIG slice rows of the inventory, kept between page views in one server process.
+
+    They change only when an agent reports new hardware or a new MIG layout, while a page reads them on every
+    view (thousands of rows); a one-row query on the tables' row versions tells whether the kept rows are
+    still what is stored. Instances are read every time: their last-seen time moves with every batch.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._version: str | None = None
+        self._rows: tuple[list[Any], list[Any]] = ([], [])
+
+    def rows(self, session: Session) -> tuple[list[Any], list[Any]]:
+        """(GPU rows, slice rows), read again only when the tables changed."""
+        version = session.execute(_DEVICE_ROWS_VERSION).scalar_one()
+        with self._lock:
+            if version == self._version:
+                return self._rows
+        rows = _read_device_rows(session)
+        with self._lock:
+            self._version, self._rows = version, rows
+        return rows
+
+
+def _read_device_rows(session: Session) -> tuple[list[Any], list[Any]]:
+    gpus = [tuple(r) for r in session.execute(select(*_GPU_COLUMNS)).all()]
+    slices = [
+        tuple(r)
+        for r in session.execute(
+            select(*_SLICE_COLUMNS).order_by(MigSlice.gpu_instance_id, MigSlice.compute_instance_id)
+        ).all()
+    ]
+    return gpus, slices
+
+
 def _status(last_seen: datetime, interrupted: bool, now: datetime, t: Thresholds) -> str:
     silent = now - last_seen
     if silent <= timedelta(seconds=t.offline_after_s):
@@ -191,14 +235,16 @@ def load_fleet(
     thresholds: Thresholds,
     now: datetime,
     since: datetime | None = None,
+    cache: DeviceRowsCache | None = None,
 ) -> Fleet:
-    """Instances matching `filters` with their GPUs and slices; slices retired before `since` are left out."""
+    """Instances matching `filters` with their GPUs and slices; slices retired before `since` are left out.
+    With `cache`, GPU and slice rows come from it while the tables are unchanged."""
     # Plain rows rather than ORM objects: a fleet is thousands of devices, read on every page view.
     rows = session.execute(select(*_INSTANCE_COLUMNS)).all()
     interrupted = set(
         session.execute(select(Event.instance_pk).where(Event.kind == "spot_interruption").distinct()).scalars()
     )
-    gpu_rows = session.execute(select(*_GPU_COLUMNS)).all()
+    gpu_rows, slice_rows = cache.rows(session) if cache is not None else _read_device_rows(session)
     gpus_per_instance: Counter[int] = Counter(g[2] for g in gpu_rows)
     options = _options(rows)
     instances: dict[int, InstanceInfo] = {}
@@ -236,25 +282,23 @@ def load_fleet(
         )
     # Tuples unpacked by position: named access on thousands of rows costs more than the queries.
     gpus: dict[int, GpuInfo] = {}
+    make_gpu, make_slice = GpuInfo._make, SliceInfo._make
     for gpu_pk, uuid, instance_pk, *rest in gpu_rows:
         owner = instances.get(instance_pk)
         if owner is not None:
-            gpus[gpu_pk] = GpuInfo(gpu_pk, uuid, owner, *rest)
+            gpus[gpu_pk] = make_gpu((gpu_pk, uuid, owner, *rest))
     slices: dict[int, SliceInfo] = {}
     by_gpu: dict[int, list[SliceInfo]] = {}
-    if gpus:
-        stmt = select(*_SLICE_COLUMNS)
-        if since is not None:
-            stmt = stmt.where((MigSlice.retired_at.is_(None)) | (MigSlice.retired_at > since))
-        for slice_pk, uuid, gpu_pk, *rest in session.execute(
-            stmt.order_by(MigSlice.gpu_instance_id, MigSlice.compute_instance_id)
-        ).all():
-            gpu = gpus.get(gpu_pk)
-            if gpu is None:
-                continue
-            info = SliceInfo(slice_pk, uuid, gpu, *rest)
-            slices[slice_pk] = info
-            by_gpu.setdefault(gpu_pk, []).append(info)
+    for slice_pk, uuid, gpu_pk, *rest in slice_rows:
+        gpu = gpus.get(gpu_pk)
+        if gpu is None:
+            continue
+        retired_at = rest[-1]
+        if since is not None and retired_at is not None and retired_at <= since:
+            continue
+        info = make_slice((slice_pk, uuid, gpu, *rest))
+        slices[slice_pk] = info
+        by_gpu.setdefault(gpu_pk, []).append(info)
     return Fleet(
         instances=instances,
         gpus=gpus,

@@ -76,7 +76,7 @@ def mig_gpus(analysis: WasteAnalysis, states: dict[int, str]) -> list[MigGpuView
         free = free_slices(gpu, live)
         history = [slice_units[s.pk] for s in slices if s.retired_at is not None and s.pk in slice_units]
         views.append(MigGpuView(gpu, slots, free, capacity.get(gpu.pk), offline, history))
-    views.sort(key=lambda v: (v.gpu.instance.name, v.gpu.index))
+    views.sort(key=lambda v: (v.gpu.instance.name, v.gpu.gpu_index))
     return views
 
 

@@ -109,26 +109,31 @@ class Figures:
         return self.state_hours[state] / total if total > 0 else 0.0
 
 
-@dataclass
 class Unit:
-    """One unit of capacity over the window, in seconds, with its price."""
+    """One unit of capacity over the window: its figures, its price (USD per GPU-hour) and its weight (share of
+    a GPU: 1, or compute slices / 7)."""
 
-    kind: str
-    gpu: GpuInfo
-    slice: SliceInfo | None
-    weight: float
-    """Share of a GPU: 1, or compute slices / 7."""
-    usd_per_gpu_hour: float | None
-    covered_s: float = 0.0
-    active_s: float = 0.0
-    idle_held_s: float = 0.0
-    idle_s: float = 0.0
-    unknown_s: float = 0.0
-    offline_s: float = 0.0
-    util_known_s: float = 0.0
-    util_sum: float = 0.0
-    no_proc_s: float = 0.0
-    _figures: Figures | None = field(default=None, repr=False, compare=False)
+    # A plain slotted class: a fleet builds thousands of units on every page view.
+    __slots__ = ("_figures", "gpu", "kind", "slice", "usd_per_gpu_hour", "weight")
+
+    def __init__(
+        self,
+        kind: str,
+        gpu: GpuInfo,
+        slice: SliceInfo | None,
+        weight: float,
+        usd_per_gpu_hour: float | None,
+        figures: Figures,
+    ) -> None:
+        self.kind = kind
+        self.gpu = gpu
+        self.slice = slice
+        self.weight = weight
+        self.usd_per_gpu_hour = usd_per_gpu_hour
+        self._figures = figures
+
+    def figures(self) -> Figures:
+        return self._figures
 
     @property
     def instance(self) -> InstanceInfo:
@@ -154,51 +159,76 @@ class Unit:
         return None if self.usd_per_gpu_hour is None else self.usd_per_gpu_hour * self.weight
 
     @property
+    def covered_s(self) -> float:
+        """Seconds with data, s."""
+        return self._figures.gpu_hours * 3600 / self.weight
+
+    @property
+    def no_proc_s(self) -> float:
+        """Seconds with no compute process, s."""
+        return self._figures.no_proc_h * 3600 / self.weight
+
+    @property
     def avg_util(self) -> float | None:
-        return self.util_sum / self.util_known_s if self.util_known_s > 0 else None
+        """Mean utilization over the seconds with a figure, %."""
+        return self._figures.avg_util
 
-    def figures(self) -> Figures:
-        """The unit's figures (computed once: a unit does not change after it is built)."""
-        if self._figures is None:
-            self._figures = self._compute()
-        return self._figures
 
-    def _compute(self) -> Figures:
-        h = self.weight / 3600
-        f = Figures(
-            gpu_hours=self.covered_s * h,
-            active_h=self.active_s * h,
-            idle_held_h=self.idle_held_s * h,
-            idle_h=self.idle_s * h,
-            unknown_h=self.unknown_s * h,
-            offline_h=self.offline_s * h,
-            unpartitioned_h=self.covered_s * h if self.kind == UNPARTITIONED else 0.0,
-            no_proc_h=self.no_proc_s * h,
-            util_known_h=self.util_known_s * h,
-            util_sum_h=self.util_sum * h,
+def _figures(u: DeviceUsage | None, weight: float, rate: float | None, offline_s: float) -> Figures:
+    """A device's usage as figures: covered seconds split into states (docs/waste.md, "States"), weighted by
+    its share of a GPU, and priced at `rate` USD per GPU-hour."""
+    h = weight / 3600
+    if u is None:
+        return Figures(offline_h=offline_s * h)
+    _id, covered, known, util_sum, below, free, no_proc = u
+    gpu_hours = covered * h
+    idle_held_h = max(0.0, below - free) * h
+    idle_h = max(0.0, free) * h
+    known_h = known * h
+    sum_h = util_sum * h
+    active_h = max(0.0, known - below) * h
+    unknown_h = max(0.0, covered - known) * h
+    offline_h = offline_s * h
+    no_proc_h = no_proc * h
+    if rate is None:
+        return Figures(
+            gpu_hours,
+            active_h,
+            idle_held_h,
+            idle_h,
+            unknown_h,
+            offline_h,
+            0.0,
+            no_proc_h,
+            known_h,
+            sum_h,
+            unpriced_gpu_hours=gpu_hours,
         )
-        rate = self.usd_per_gpu_hour
-        if rate is None:
-            f.unpriced_gpu_hours = f.gpu_hours
-            return f
-        f.cost = f.gpu_hours * rate
-        f.idle_cost = f.idle_h * rate
-        f.idle_held_cost = f.idle_held_h * rate
-        f.unused_cost = max(0.0, f.util_known_h - f.util_sum_h / 100) * rate
-        f.unpartitioned_cost = f.unpartitioned_h * rate
-        return f
+    return Figures(
+        gpu_hours,
+        active_h,
+        idle_held_h,
+        idle_h,
+        unknown_h,
+        offline_h,
+        0.0,
+        no_proc_h,
+        known_h,
+        sum_h,
+        gpu_hours * rate,
+        idle_h * rate,
+        idle_held_h * rate,
+        max(0.0, known_h - sum_h / 100) * rate,
+    )
 
 
-def _fill(unit: Unit, u: DeviceUsage) -> None:
-    # Covered seconds split into states (docs/waste.md, "States").
-    unit.covered_s += u.covered_s
-    unit.active_s += max(0.0, u.util_known_s - u.below_s)
-    unit.idle_held_s += max(0.0, u.below_s - u.free_s)
-    unit.idle_s += max(0.0, u.free_s)
-    unit.unknown_s += max(0.0, u.covered_s - u.util_known_s)
-    unit.util_known_s += u.util_known_s
-    unit.util_sum += u.util_sum
-    unit.no_proc_s += u.no_proc_s
+def _free_figures(free_s: float, rate: float | None, offline_s: float) -> Figures:
+    """Unpartitioned capacity of a MIG GPU: idle, with no process and 0% utilization, s."""
+    h = free_s / 3600
+    offline_h = offline_s / 3600
+    if rate is None:
+        return Figures(h, 0.0, 0.0, h, 0.0, offline_h, h, h, h, 0.0, unpriced_gpu_hours=h)
+    return Figures(h, 0.0, 0.0, h, 0.0, offline_h, h, h, h, 0.0, h * rate, h * rate, 0.0, h * rate, h * rate)
 
 
 def _expected_s(gpu: GpuInfo, window: Window) -> float:
@@ -223,16 +253,18 @@ def build_units(
     """
     split = split or {}
     units: list[Unit] = []
+    slices_by_gpu = fleet.slices_by_gpu
     for gpu in fleet.gpus.values():
         rate = gpu.instance.price.usd_per_gpu_hour
         slice_units = []
-        for sl in fleet.slices_by_gpu.get(gpu.pk, []):
+        sliced = 0.0
+        for sl in slices_by_gpu.get(gpu.pk, ()):
             found = usage.get(sl.pk)
             if found is None:
                 continue
-            unit = Unit(SLICE, gpu, sl, sl.fraction, rate)
-            _fill(unit, found)
-            slice_units.append(unit)
+            weight = sl.compute_slices / 7
+            slice_units.append(Unit(SLICE, gpu, sl, weight, rate, _figures(found, weight, rate, 0.0)))
+            sliced += found.covered_s * weight
         mig_mode = gpu.mig_mode or bool(slice_units)
         own = usage.get(gpu.pk)
         if gpu.pk in split:
@@ -245,28 +277,11 @@ def build_units(
         covered = own.covered_s if own is not None else 0.0
         offline = max(0.0, _expected_s(gpu, window) - covered)
         if (passthrough is not None and passthrough.covered_s > 0) or not mig_mode:
-            unit = Unit(GPU, gpu, None, 1.0, rate)
-            if passthrough is not None:
-                _fill(unit, passthrough)
-            unit.offline_s, offline = offline, 0.0
-            units.append(unit)
+            units.append(Unit(GPU, gpu, None, 1.0, rate, _figures(passthrough, 1.0, rate, offline)))
+            offline = 0.0
         if mig_mode:
-            sliced = sum(u.covered_s * u.weight for u in slice_units)
             free = max(0.0, (mig_part.covered_s if mig_part is not None else 0.0) - sliced)
-            units.append(
-                Unit(
-                    UNPARTITIONED,
-                    gpu,
-                    None,
-                    1.0,
-                    rate,
-                    covered_s=free,
-                    idle_s=free,
-                    util_known_s=free,
-                    no_proc_s=free,
-                    offline_s=offline,
-                )
-            )
+            units.append(Unit(UNPARTITIONED, gpu, None, 1.0, rate, _free_figures(free, rate, offline)))
         units.extend(slice_units)
     return units
 

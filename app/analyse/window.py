@@ -143,6 +143,9 @@ def _parse_time(param: str, value: str) -> datetime:
         raise WindowError(param, f"not an ISO 8601 time: {value!r}") from None
     if t.tzinfo is None:
         t = t.replace(tzinfo=UTC)
+    # Rounding out to whole hours must stay inside the years datetime can hold (1-9999).
+    if not datetime(1, 1, 2, tzinfo=UTC) <= t <= datetime(9999, 12, 30, tzinfo=UTC):
+        raise WindowError(param, f"out of range: {value!r}")
     return t.astimezone(UTC)
 
 

@@ -9,9 +9,10 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 
-from ..auth import authenticate
+from ..auth import authenticate, requires
 from ..db import session_scope
 from ..errors import ApiError
+from ..metrics.server import IngestTally
 from ..state import AppState, app_state
 from .parse import check_batch, decode_body, parse_batch, too_large
 from .schemas import ErrorOut, IngestBatchIn, IngestResult
@@ -46,23 +47,24 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _parse(state: AppState, headers: Headers, body: bytes, now: datetime) -> IngestBatchIn:
+def _parse(state: AppState, headers: Headers, body: bytes, now: datetime, tally: IngestTally) -> IngestBatchIn:
     settings = state.settings
     raw = decode_body(body, headers.get("content-encoding"), max_bytes=settings.max_body_bytes)
     batch = parse_batch(raw)
+    tally.samples = sum(len(iv.samples) for iv in batch.intervals)
     check_batch(
         batch, now=now, max_future_skew_s=settings.max_future_skew_s, raw_retention_days=settings.raw_retention_days
     )
     return batch
 
 
-def _handle(state: AppState, headers: Headers, body: bytes) -> IngestResult:
+def _handle(state: AppState, headers: Headers, body: bytes, tally: IngestTally) -> IngestResult:
     """Everything after the body is read, in one worker thread and one transaction."""
     now = datetime.now(UTC)
     batch: IngestBatchIn | None = None
     problem: ApiError | None = None
     try:
-        batch = _parse(state, headers, body, now)
+        batch = _parse(state, headers, body, now, tally)
         # Before the session opens: a thread must never hold one pooled connection while waiting for another.
         state.partitions.ensure(state.engine, batch_days(batch))
     except ApiError as exc:
@@ -95,19 +97,22 @@ def _handle(state: AppState, headers: Headers, body: bytes) -> IngestResult:
     summary="Store one batch of utilization samples from an agent",
     responses=_ERRORS,
     openapi_extra={
+        **requires("ingest"),
         "requestBody": {
             "required": True,
             "description": "One batch (schema version 1). May be gzip-compressed (`Content-Encoding: gzip`).",
             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/IngestBatchIn"}}},
-        }
+        },
     },
 )
 async def ingest(request: Request) -> IngestResult:
     """Idempotent by `batch_id`: a batch sent again after a lost answer is acknowledged and stored once."""
     state = app_state(request)
-    content_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
-    if content_type not in ("application/json", ""):
-        raise ApiError(415, f"unsupported Content-Type {content_type!r}: send application/json")
-    body = await _read_body(request, state.settings.max_body_bytes)
-    result: IngestResult = await run_in_threadpool(_handle, state, request.headers, body)
+    with state.metrics.observe_ingest() as tally:
+        content_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+        if content_type not in ("application/json", ""):
+            raise ApiError(415, f"unsupported Content-Type {content_type!r}: send application/json")
+        body = await _read_body(request, state.settings.max_body_bytes)
+        result: IngestResult = await run_in_threadpool(_handle, state, request.headers, body, tally)
+        tally.accept(result.status, result.samples)
     return result

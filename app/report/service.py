@@ -6,19 +6,25 @@ import csv
 import io
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session
 
-from ..analyse.fleet import load_fleet
-from ..analyse.states import Thresholds
-from ..analyse.waste import Figures, GroupRow, WasteAnalysis, analyse_waste, is_group_name
-from ..analyse.window import Filters, Window, WindowError
+from ..analyse.fleet import DeviceRowsCache, load_fleet
+from ..analyse.states import UNPARTITIONED, Thresholds
+from ..analyse.waste import Figures, GroupRow, Unit, WasteAnalysis, analyse_waste, is_group_name
+from ..analyse.window import Filters, Window, WindowError, floor_day
 from ..pricing.resolve import Pricer
 
 CURRENCY = "USD"
 DEFAULT_WINDOW = "7d"
+MAX_GROUPINGS = 8
+CSV_CHUNK_CHARS = 64 * 1024
+"""The CSV goes out in pieces of about this many characters: small enough to stream, large enough that a
+report of thousands of rows is not thousands of tiny writes."""
+# A spreadsheet runs a cell that starts with one of these as a formula; labels come from instance tags.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 FIGURE_COLUMNS = (
     "gpu_hours",
     "avg_util_pct",
@@ -49,7 +55,29 @@ def parse_group_by(values: Sequence[str]) -> list[str]:
             )
     if len(set(names)) != len(names):
         raise WindowError("group_by", "a grouping is named twice")
+    if len(names) > MAX_GROUPINGS:
+        raise WindowError("group_by", f"at most {MAX_GROUPINGS} groupings at once, got {len(names)}")
     return names or ["instance_type"]
+
+
+def retained_since(now: datetime, rollup_retention_days: int) -> datetime:
+    """The oldest time the hourly and daily rollups still hold in full: the UTC midnight of the day the
+    retention horizon falls in (the upkeep pass deletes a day only once all of it is past the horizon)."""
+    try:
+        return floor_day(now - timedelta(days=rollup_retention_days))
+    except OverflowError:  # a retention longer than the calendar: everything is kept
+        return datetime.min.replace(tzinfo=UTC)
+
+
+def check_retention(window: Window, *, rollup_retention_days: int, param: str = "start") -> None:
+    """WindowError naming `param` when the window starts before the rollups the report reads are kept."""
+    oldest = retained_since(window.now, rollup_retention_days)
+    if window.start < oldest:
+        raise WindowError(
+            param,
+            f"starts at {window.start.isoformat()}, before the oldest data kept: the rollups go back to "
+            f"{oldest.isoformat()} (GPUFLEET_ROLLUP_RETENTION_DAYS={rollup_retention_days})",
+        )
 
 
 def _round(value: float | None, digits: int = 6) -> float | None:
@@ -88,51 +116,83 @@ class Report:
         return self.analysis.window
 
     @property
+    def end(self) -> datetime:
+        """End of the window, or now (to the second) when the window reaches the present."""
+        return min(self.window.end, self.window.now.replace(microsecond=0))
+
+    @property
     def price_sources(self) -> set[str]:
         return {p for r in self.rows for p in r.prices}
+
+    def group_values(self, row: GroupRow) -> list[str]:
+        """The row's value for each grouping, in the order asked for."""
+        unit = row.sample
+        return [_identity(n, unit, label) for n, (_k, label) in zip(self.group_by, row.parts, strict=True)]
 
     def as_json(self) -> dict[str, Any]:
         return {
             "start": self.window.start.isoformat(),
-            "end": min(self.window.end, self.window.now).isoformat(),
+            "end": self.end.isoformat(),
             "group_by": self.group_by,
             "rows": [
-                {"group": {n: label for n, (_k, label) in zip(self.group_by, r.parts, strict=True)}}
+                {"group": dict(zip(self.group_by, self.group_values(r), strict=True))}
                 | figures_dict(r.figures, r.prices)
                 for r in self.rows
             ],
             "totals": figures_dict(self.analysis.totals, self.price_sources),
         }
 
-    def csv_lines(self) -> Iterator[str]:
-        """The report as CSV text, a line at a time: header, one row per group, then a totals row."""
+    def csv_chunks(self, chunk_chars: int = CSV_CHUNK_CHARS) -> Iterator[str]:
+        """The report as CSV text, produced as it is written: a header, one row per group, then a totals row
+        whose first group column is TOTAL. Pieces of about `chunk_chars` characters, each ending a line."""
         buf = io.StringIO()
         out = csv.writer(buf, lineterminator="\n")
-        columns = ["start", "end", *self.group_by, *FIGURE_COLUMNS]
-        out.writerow(columns)
+        out.writerow(["start", "end", *self.group_by, *FIGURE_COLUMNS])
         start = self.window.start.isoformat()
-        end = min(self.window.end, self.window.now).isoformat()
-
-        def emit() -> str:
-            text = buf.getvalue()
-            buf.seek(0)
-            buf.truncate()
-            return text
-
-        yield emit()
+        end = self.end.isoformat()
         for r in self.rows:
             values = figures_dict(r.figures, r.prices)
-            out.writerow([start, end, *(label for _k, label in r.parts), *(_cell(values[c]) for c in FIGURE_COLUMNS)])
-            yield emit()
+            labels = (_text_cell(v) for v in self.group_values(r))
+            out.writerow([start, end, *labels, *(_cell(values[c]) for c in FIGURE_COLUMNS)])
+            if buf.tell() >= chunk_chars:
+                yield buf.getvalue()
+                buf.seek(0)
+                buf.truncate()
         totals = figures_dict(self.analysis.totals, self.price_sources)
-        out.writerow(
-            [start, end, *(["TOTAL"] + [""] * (len(self.group_by) - 1)), *(_cell(totals[c]) for c in FIGURE_COLUMNS)]
-        )
-        yield emit()
+        blanks = [""] * (len(self.group_by) - 1)
+        out.writerow([start, end, "TOTAL", *blanks, *(_cell(totals[c]) for c in FIGURE_COLUMNS)])
+        yield buf.getvalue()
+
+
+def _identity(grouping: str, unit: Unit, label: str) -> str:
+    """A row's value for one grouping. Instances, GPUs and slices go by the EC2 instance id, which is unique
+    and what AWS bills by; the dashboard shows names, which two instances may share. Others: the label."""
+    if grouping not in ("instance", "gpu", "slice"):
+        return label
+    instance_id = unit.instance.instance_id
+    if grouping == "instance":
+        return instance_id
+    gpu = f"{instance_id} GPU {unit.gpu.gpu_index}"
+    if grouping == "gpu":
+        return gpu
+    if unit.slice is not None:
+        return f"{gpu} {unit.slice.profile} (GI {unit.slice.gpu_instance_id})"
+    return f"{gpu} {UNPARTITIONED}" if unit.kind == UNPARTITIONED else gpu
 
 
 def _cell(value: Any) -> str:
-    return "" if value is None else str(value)
+    """A CSV cell: numbers in plain decimal notation (no exponent, no thousands separator), None empty."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        text = f"{value:.6f}".rstrip("0").rstrip(".")
+        return "0" if text in ("", "-0") else text
+    return _text_cell(str(value))
+
+
+def _text_cell(value: str) -> str:
+    """Text that a spreadsheet would take for a formula gets a leading apostrophe, which shows it as text."""
+    return "'" + value if value.startswith(_FORMULA_START) else value
 
 
 def build_report(
@@ -144,7 +204,10 @@ def build_report(
     pricer: Pricer,
     thresholds: Thresholds,
     now: datetime,
+    cache: DeviceRowsCache | None = None,
 ) -> Report:
-    fleet = load_fleet(session, filters=filters, pricer=pricer, thresholds=thresholds, now=now, since=window.start)
+    fleet = load_fleet(
+        session, filters=filters, pricer=pricer, thresholds=thresholds, now=now, since=window.start, cache=cache
+    )
     analysis = analyse_waste(session, fleet, window, thresholds)
     return Report(analysis, group_by, analysis.group_by(group_by))

@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import lru_cache
 
 from markupsafe import Markup, escape
 
@@ -323,20 +324,24 @@ def _tenths(value: int) -> str:
     return f"{whole}.{tenth}" if tenth else str(whole)
 
 
-def _hatch(x: float, y: float, w: float, h: float, spacing: float = 5.0) -> str:
-    """Path data of `/` diagonals across the rectangle, clipped to it (no clipPath ids to collide)."""
+@lru_cache(maxsize=256)
+def _hatch(w: float, h: float, spacing: float = 5.0) -> str:
+    """Path data of `/` diagonals across a w x h rectangle at the origin, clipped to it (no clipPath ids to
+    collide); kept per size, since a MIG page draws hundreds of blocks of a few sizes."""
     parts: list[str] = []
     c = spacing
     while c < w + h:
         u1, u2 = max(0.0, c - h), min(w, c)
-        parts.append(f"M{_f(x + u1)},{_f(y + c - u1)}L{_f(x + u2)},{_f(y + c - u2)}")
+        parts.append(f"M{_f(u1)},{_f(c - u1)}L{_f(u2)},{_f(c - u2)}")
         c += spacing
     return "".join(parts)
 
 
 def _block(state: str, x: float, y: float, w: float, h: float, *, kind: str, tooltip: str, text: str) -> str:
     """A state-coloured rectangle (striped or dotted where the state is hatched) with a tooltip and a label."""
-    hatch = f'<path class="hatch" d="{_hatch(x, y, w, h)}"/>' if state in _HATCHED else ""
+    hatch = ""
+    if state in _HATCHED:
+        hatch = f'<path class="hatch" transform="translate({_f(x)},{_f(y)})" d="{_hatch(round(w, 1), round(h, 1))}"/>'
     label = ""
     if text and len(text) * _CHAR_W + 4 <= w and h >= 12:
         label = f'<text x="{_f(x + w / 2)}" y="{_f(y + h / 2)}" dy="3.5" text-anchor="middle">{escape(text)}</text>'

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse
 from markupsafe import Markup
 from sqlalchemy.orm import Session
@@ -25,10 +25,12 @@ from ..analyse.waste import GPU, GROUPS, SLICE, analyse_waste, is_group_name
 from ..analyse.window import PRESETS, Filters, Window, WindowError, parse_filters, parse_window
 from ..sources import SOURCE_NAMES
 from ..state import AppState, app_state
+from .access import page_reader
 from .charts import MigSlot, Series, mig_layout_svg, state_bar_svg, timeseries_svg
 from .templating import is_htmx, render
 
-router = APIRouter(include_in_schema=False)
+# Every page needs a reader: a route added here is protected without saying so (tests/app/test_auth_matrix.py).
+router = APIRouter(include_in_schema=False, dependencies=[Depends(page_reader)])
 
 TOP = 10
 TOP_MIG = 50
@@ -102,7 +104,13 @@ def _thresholds(state: AppState) -> Thresholds:
 
 def _fleet(session: Session, state: AppState, q: Query, now: datetime) -> Fleet:
     return load_fleet(
-        session, filters=q.filters, pricer=state.pricer, thresholds=_thresholds(state), now=now, since=q.window.start
+        session,
+        filters=q.filters,
+        pricer=state.pricer,
+        thresholds=_thresholds(state),
+        now=now,
+        since=q.window.start,
+        cache=state.fleet_rows,
     )
 
 
@@ -464,9 +472,9 @@ def _instance_detail(instance_id: str) -> Callable[[Session, AppState, Query, da
         series = device_series(session, ids, q.window, step_s=step)
         units = {u.key: u for u in analysis.units}
         gpus = []
-        for gpu in sorted(fleet.gpus.values(), key=lambda g: g.index):
+        for gpu in sorted(fleet.gpus.values(), key=lambda g: g.gpu_index):
             slices = fleet.live_slices(gpu.pk)
-            devices = [(f"GPU {gpu.index}", gpu.pk, "series-1")] + [
+            devices = [(f"GPU {gpu.gpu_index}", gpu.pk, "series-1")] + [
                 (f"{s.profile} GI {s.gpu_instance_id}", s.pk, f"series-{i % 7 + 2}") for i, s in enumerate(slices)
             ]
             charts = _gpu_charts(gpu, devices, series, q.window, now, step)

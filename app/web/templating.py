@@ -26,6 +26,7 @@ from starlette.types import Scope
 
 from .. import __version__
 from .charts import STATE_HELP, mig_layout_svg, state_bar_svg, state_class, state_label, timeseries_svg
+from .csrf import csrf_field
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
@@ -257,6 +258,14 @@ def select_options(items: Iterable[object], current: object) -> list[SelectOptio
     return options
 
 
+# Who is looking.
+
+
+def current_reader(request: Request) -> Any:
+    """The `app.auth.Reader` that the page's access check found (`request.state.reader`), or None."""
+    return getattr(request.state, "reader", None)
+
+
 # Rendering.
 
 
@@ -286,6 +295,8 @@ def make_environment(*extra_dirs: Path) -> Environment:
         version=__version__,
         as_list=as_list,
         select_options=select_options,
+        csrf_field=csrf_field,
+        current_reader=current_reader,
     )
     return env
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import socket
@@ -15,8 +16,9 @@ import psutil
 import pytest
 from sqlalchemy import Engine, text
 
-from app.cli import main
+from app.cli import is_loopback_host, main
 from app.migrate import head_revision
+from app.passwords import verify_password
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -129,3 +131,56 @@ def test_serve_with_database_url_starts_no_embedded(tmp_path: Path, database_url
     assert proc.returncode == 0
     assert not (tmp_path / "data").exists()
     assert not any("embedded" in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.0.1.7", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("10.0.0.5", False),
+        ("gpufleet.internal", False),
+    ],
+)
+def test_loopback_hosts(host: str, loopback: bool) -> None:
+    assert is_loopback_host(host) is loopback
+
+
+def test_serve_refuses_auth_off_on_an_address_others_reach(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUFLEET_AUTH", "off")
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        code, out, err = run(capsys, "serve", "--host", "0.0.0.0", "--database-url", "postgresql://unused@x/y")
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "GPUFLEET_AUTH=off is refused on 0.0.0.0" in err
+
+
+def test_serve_with_auth_off_warns_and_serves_this_host(tmp_path: Path, database_url: str) -> None:
+    env = {"GPUFLEET_AUTH": "off", "GPUFLEET_DATA_DIR": str(tmp_path)}
+    proc, port, lines = _serve(env, "--database-url", database_url)
+    try:
+        assert any("WARNING: authentication is OFF (GPUFLEET_AUTH=off)" in line for line in lines), lines
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/gpus/idle", timeout=10) as r:
+            assert r.status == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+
+def test_hash_password_reads_stdin(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO("correct horse\n"))
+    code, out, err = run(capsys, "hash-password")
+    assert code == 0 and "GPUFLEET_ADMIN_PASSWORD_HASH" in err
+    assert verify_password("correct horse", out.strip())
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n"))
+    code, out, err = run(capsys, "hash-password")
+    assert (code, out, err) == (2, "", "gpufleet: the password is empty\n")

@@ -2,6 +2,8 @@
 
 The server uses the test database with `refresh_s=2`, so an htmx refresh of a page's live block happens within
 seconds. One story is posted to it over HTTP for the whole session; the tables are emptied again afterwards.
+Every tab starts logged in, with a dashboard session of the read token `browser-reader`; a `guest` tab has none
+and goes through the login form (test_login.py).
 Each test opens a fresh browser context and records console errors, page errors and dialogs. Screenshots go to
 GPUFLEET_SCREENSHOTS (default `.ci/artifacts/screenshots`); a failing test leaves `FAILED-<test>.png` there.
 
@@ -23,10 +25,13 @@ import httpx2
 import pytest
 from fastapi.testclient import TestClient
 from playwright.sync_api import Browser, ConsoleMessage, Dialog, Page, Response, ViewportSize, sync_playwright
-from sqlalchemy import text
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session, sessionmaker
 
-from app.db import make_engine, make_sessionmaker
+from app.db import make_engine, make_sessionmaker, session_scope
 from app.main import run_upkeep
+from app.models import ApiToken
+from app.sessions import SESSION_COOKIE, open_session
 from app.settings import Settings
 from tests.agent.live_server import LiveServer
 from tests.conftest import TABLES, make_token
@@ -89,6 +94,11 @@ class Dashboard:
     url: str
     regions: dict[str, str]
     """instance id -> region"""
+    sessions: sessionmaker[Session]
+    read_token: str
+    """Secret of the token `browser-reader` (scope read), for the tests that log in through the form."""
+    cookie: str
+    """A dashboard session of that token: every tab but a guest's starts logged in with it."""
 
 
 def _post_story(feeder: Feeder) -> None:
@@ -143,7 +153,13 @@ def dashboard(settings: Settings, database_url: str) -> Iterator[Dashboard]:
             conn.execute(text(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE"))
 
     empty()
-    token = make_token(make_sessionmaker(engine), "ingest", name="browser-tests")
+    sessions = make_sessionmaker(engine)
+    token = make_token(sessions, "ingest", name="browser-tests")
+    reader = make_token(sessions, "read", name="browser-reader")
+    with session_scope(sessions) as s:
+        token_id = s.scalar(select(ApiToken.id).where(ApiToken.name == "browser-reader"))
+        now = datetime.now(UTC)
+        cookie, _live = open_session(s, token_id=token_id, password_hash=None, lifetime=timedelta(hours=2), now=now)
     try:
         with (
             LiveServer(settings.model_copy(update={"refresh_s": REFRESH_S})) as server,
@@ -151,7 +167,8 @@ def dashboard(settings: Settings, database_url: str) -> Iterator[Dashboard]:
         ):
             # Feeder only posts: through this client the batches reach the live server over real HTTP.
             _post_story(Feeder(cast(TestClient, http), token, datetime.now(UTC)))
-            yield Dashboard(server.url, {"i-forgotten": "us-east-1", "i-busy": "us-west-2", "i-mig": "us-east-1"})
+            regions = {"i-forgotten": "us-east-1", "i-busy": "us-west-2", "i-mig": "us-east-1"}
+            yield Dashboard(server.url, regions, sessions, reader, cookie)
     finally:
         empty()
         engine.dispose()
@@ -196,9 +213,13 @@ class Tab:
         return bool(self.page.evaluate("typeof window.htmx === 'object' && typeof window.htmx.ajax === 'function'"))
 
 
-def _open(browser: Browser, dashboard: Dashboard, request: pytest.FixtureRequest, *, js: bool) -> Iterator[Tab]:
+def _open(
+    browser: Browser, dashboard: Dashboard, request: pytest.FixtureRequest, *, js: bool, logged_in: bool = True
+) -> Iterator[Tab]:
     context = browser.new_context(base_url=dashboard.url, viewport=VIEWPORT, java_script_enabled=js)
     context.set_default_timeout(10_000)
+    if logged_in:
+        context.add_cookies([{"name": SESSION_COOKIE, "value": dashboard.cookie, "url": dashboard.url}])
     tab = Tab(context.new_page())
     tab.watch()
     try:
@@ -213,6 +234,12 @@ def _open(browser: Browser, dashboard: Dashboard, request: pytest.FixtureRequest
 @pytest.fixture
 def tab(browser: Browser, dashboard: Dashboard, request: pytest.FixtureRequest) -> Iterator[Tab]:
     yield from _open(browser, dashboard, request, js=True)
+
+
+@pytest.fixture
+def guest(browser: Browser, dashboard: Dashboard, request: pytest.FixtureRequest) -> Iterator[Tab]:
+    """A tab with no session: the dashboard sends it to the login form."""
+    yield from _open(browser, dashboard, request, js=True, logged_in=False)
 
 
 @pytest.fixture

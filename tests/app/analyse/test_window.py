@@ -73,6 +73,10 @@ def test_short_window_inside_one_day() -> None:
         (None, None, "2026-11-19T00:00:00Z", "start"),
         ("24h", "2026-11-20T00:00:00Z", None, "window"),
         (None, "2024-01-01T00:00:00Z", None, "end"),
+        # Times at the ends of the calendar, which rounding to whole hours would push past it.
+        (None, "0001-01-01T00:30:00+01:00", None, "start"),
+        (None, "9999-12-31T22:00:00Z", "9999-12-31T23:30:00Z", "start"),
+        (None, "9999-12-29T00:00:00Z", "9999-12-31T23:30:00Z", "end"),
     ],
 )
 def test_bad_windows_name_the_parameter(window: str | None, start: str | None, end: str | None, param: str) -> None:

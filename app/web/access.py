@@ -1,0 +1,119 @@
+"""Who may see the dashboard: the dependency every page takes, the way to the login form, the session cookie.
+
+A page needs a reader (app.auth.require_read). Without credentials, or with a session cookie that no longer
+holds, a full-page request is sent to `/login?next=<its path>` (303) and an htmx request gets 401 with an
+`HX-Redirect` header to the same place, so htmx loads the login page instead of swapping in a fragment. A bad
+bearer token is a script's mistake and gets the API's 401 or 403 answer.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from urllib.parse import urlencode, urlsplit
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from ..auth import LoginRequired, Reader, is_loopback, require_read
+from ..db import session_scope
+from ..sessions import SESSION_COOKIE
+from ..state import app_state
+from .csrf import use_token
+from .templating import is_htmx
+
+LOGIN_PATH = "/login"
+LOGOUT_PATH = "/logout"
+
+
+class ToLogin(Exception):
+    """Raised by `page_reader`; `to_login` answers it."""
+
+    def __init__(self, *, stale_cookie: bool) -> None:
+        super().__init__("login required")
+        self.stale_cookie = stale_cookie
+
+
+def page_reader(request: Request) -> Reader:
+    """The dependency of every dashboard page: the reader, also kept in `request.state.reader` for templates."""
+    state = app_state(request)
+    with session_scope(state.sessions) as session:
+        try:
+            reader = require_read(session, request, now=datetime.now(UTC), dashboard=True)
+        except LoginRequired:
+            raise ToLogin(stale_cookie=SESSION_COOKIE in request.cookies) from None
+    request.state.reader = reader
+    if reader.session is not None:
+        use_token(request, reader.session.csrf_secret)
+    return reader
+
+
+def safe_next(value: str | None) -> str:
+    """Where to go after logging in: a path on this server, else `/`. Another site (`https://...`, `//host`,
+    `/\\host`), control characters and the login and logout paths themselves all become `/`."""
+    if not value or len(value) > 2000 or not value.startswith("/") or value.startswith("//") or "\\" in value:
+        return "/"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        return "/"
+    parts = urlsplit(value)
+    if parts.scheme or parts.netloc or parts.path in (LOGIN_PATH, LOGOUT_PATH):
+        return "/"
+    return value
+
+
+def login_url(next_path: str = "/", **flags: bool) -> str:
+    """The login page, to come back to `next_path`; `flags` (`expired`, `ended`) choose a notice on it."""
+    params = [("next", next_path)] if next_path != "/" else []
+    params += [(name, "1") for name, on in flags.items() if on]
+    return f"{LOGIN_PATH}?{urlencode(params)}" if params else LOGIN_PATH
+
+
+def _return_path(request: Request) -> str:
+    url = request.url
+    if is_htmx(request):
+        # A fragment's own URL may not be a page: come back to the page the browser shows.
+        current = request.headers.get("HX-Current-URL")
+        if current:
+            url_parts = urlsplit(current)
+            return safe_next(url_parts.path + (f"?{url_parts.query}" if url_parts.query else ""))
+    return safe_next(url.path + (f"?{url.query}" if url.query else ""))
+
+
+async def to_login(request: Request, exc: Exception) -> Response:
+    """303 to the login page, or for htmx 401 with `HX-Redirect`; a stale session cookie is dropped."""
+    stale = isinstance(exc, ToLogin) and exc.stale_cookie
+    target = login_url(_return_path(request), expired=stale)
+    response: Response
+    if is_htmx(request):
+        response = Response(status_code=401, headers={"HX-Redirect": target})
+    else:
+        response = RedirectResponse(target, status_code=303)
+    response.headers["Cache-Control"] = "no-store"
+    response.headers.add_vary_header("HX-Request")
+    if stale:
+        clear_session_cookie(response, request)
+    return response
+
+
+def cookie_secure(conn: Request) -> bool:
+    """Whether cookies get the Secure flag: GPUFLEET_COOKIE_SECURE on or off, or by default (auto) always except
+    on a plain-HTTP request from this host, so that `http://127.0.0.1:8000` can log in."""
+    mode = app_state(conn).settings.cookie_secure
+    if mode != "auto":
+        return mode == "on"
+    return not (conn.url.scheme == "http" and is_loopback(conn))
+
+
+def set_session_cookie(response: Response, conn: Request, value: str, *, max_age_s: int) -> None:
+    response.set_cookie(
+        SESSION_COOKIE,
+        value,
+        max_age=max_age_s,
+        path="/",
+        secure=cookie_secure(conn),
+        httponly=True,
+        samesite="lax",
+    )
+
+
+def clear_session_cookie(response: Response, conn: Request) -> None:
+    response.delete_cookie(SESSION_COOKIE, path="/", secure=cookie_secure(conn), httponly=True, samesite="lax")
