@@ -6,16 +6,20 @@ module's own objects (looked up on first use), so `except lib.NVMLError_NotSuppo
 `err.value == lib.NVML_ERROR_NOT_SUPPORTED` behave as on real hardware. Functions the fake does not simulate
 answer `NVMLError_NotSupported`.
 
-Everything that changes over time (utilization, power and energy, the utilization sample buffer, GPM samples)
-is a function of `clock()` and `seed`, so a test that drives a fake clock gets the same answers every run.
-Handles are real `c_nvmlDevice_t` pointers to private addresses; a fresh pointer object comes back on every
-call, as from the real bindings.
+Everything that changes over time (utilization, power and energy, the utilization sample buffer, GPM samples,
+the processes of work that starts and stops) is a function of `clock()`, `seed` and `epoch`, so a test that
+drives a fake clock gets the same answers every run. Handles are real `c_nvmlDevice_t` pointers to private
+addresses; a fresh pointer object comes back on every call, as from the real bindings.
+
+`FakeNvml.truth(t1, t2)` gives what every device did over a span of clock time, worked out exactly rather than
+sampled: history written from it matches what an agent reading the same scenario live reports.
 """
 
 from __future__ import annotations
 
 import collections
 import ctypes
+import dataclasses
 import importlib
 import math
 import struct
@@ -25,7 +29,7 @@ import uuid
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 # Imported by name, not statement: pynvml ships without type information.
 _nv: Any = importlib.import_module("pynvml")
@@ -39,6 +43,15 @@ SCENARIOS: dict[str, str] = {
     "p5": "p5.48xlarge: 8x H100 80GB HBM3, MIG off, varied load; GPM",
     "g5-idle": "g5.xlarge: 1x A10G, idle, sample buffer mostly dry, no processes",
     "g6e-busy": "g6e.12xlarge: 4x L40S, busy 80-100% with most memory held; ECC off on GPU 2",
+    "p4d-train": "p4d.24xlarge: 8x A100-SXM4-40GB training on weekdays from 8-10 to 18-20 (UTC-5), "
+    "idle with no process at night and at weekends (clock: UTC epoch seconds)",
+    "g5-forgotten": "g5.xlarge: 1x A10G, a fine-tuning job until 102 h before the epoch, idle and empty since",
+    "p5-inference": "p5.48xlarge: 8x H100 80GB HBM3 in MIG mode serving inference: two slices unused, "
+    "one compute slice in no GPU instance; GPM",
+    "g5-batch": "g5.12xlarge: 4x A10G running batch jobs of 15 minutes that start and stop",
+    "p4d-shared": "p4d.24xlarge: 8x A100-SXM4-40GB, all in MIG mode and shared: NVML measures no slice "
+    "utilization; one slice has no process",
+    "p5-train": "p5.48xlarge: 8x H100 80GB HBM3, MIG off, training at 80-90% with short pauses; GPM",
     "no-gpu": "a host whose driver loads but sees no GPU",
     "no-driver": "a host without the NVIDIA driver: nvmlInit raises NVMLError_LibraryNotFound",
 }
@@ -58,7 +71,8 @@ _HELPERS = frozenset({"nvmlExceptionClass", "nvmlStructToFriendlyObject", "nvmlF
 _A1 = 0.07
 _A2 = 0.03
 
-_IDLE, _STEADY, _JOBS = 0, 1, 2
+_IDLE, _STEADY, _JOBS, _OFFICE = 0, 1, 2, 3
+_HOUR = 3600.0
 
 
 def _mix(x: int) -> int:
@@ -155,7 +169,8 @@ _L40S = _Model("NVIDIA L40S", 46068, 533, 8, 350.0, 33.0, 210, 2520, 9001, 1965,
 
 @dataclass(frozen=True, slots=True)
 class _Load:
-    """How a compute unit's utilization behaves: idle, steady at `level` %, or jobs that start and stop."""
+    """How a compute unit's utilization behaves: idle, steady at `level` %, jobs that start and stop, or work in
+    office hours. With `until_s`, all work (and the unit's processes) ends that many seconds after the epoch."""
 
     kind: int
     level: float = 0.0
@@ -164,6 +179,8 @@ class _Load:
     p_on: float = 0.0
     seg_s: float = 300.0
     dry: bool = False  # the driver stops filling the sample buffer while the GPU is idle
+    utc_offset_h: int = 0  # office hours: the team's time zone
+    until_s: float | None = None
 
 
 _NO_LOAD = _Load(_IDLE)
@@ -177,6 +194,18 @@ def _steady(level: float) -> _Load:
 def _jobs(lo: float, hi: float, p_on: float, seg_s: float = 300.0, *, dry: bool = False) -> _Load:
     """Segments of `seg_s` seconds, each busy with probability `p_on` at a level drawn from [lo, hi]."""
     return _Load(_JOBS, lo=lo, hi=hi, p_on=p_on, seg_s=seg_s, dry=dry)
+
+
+def _office(lo: float, hi: float, utc_offset_h: int) -> _Load:
+    """Busy at a level drawn from [lo, hi] for each hour of the working day (weekdays, starting at 8, 9 or 10 and
+    ending at 18, 19 or 20 local time, the same for every unit), idle otherwise; the unit's processes run only
+    while it works. Reads the clock as UTC epoch seconds."""
+    return _Load(_OFFICE, lo=lo, hi=hi, seg_s=_HOUR, dry=True, utc_offset_h=utc_offset_h)
+
+
+def _ending(load: _Load, until_s: float) -> _Load:
+    """`load` until `until_s` seconds after the epoch (negative: before it); idle, with no process, after."""
+    return dataclasses.replace(load, until_s=until_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,6 +361,114 @@ def _scenario(name: str) -> _Scenario:
             ),
             (0x38, 0x3A, 0x3C, 0x3E),
         )
+    if name == "p4d-train":
+        work = _office(78, 90, -5)
+        return _Scenario(
+            _A100,
+            tuple(_GpuSpec(work, (30000 + 1000 * i,)) for i in range(8)),
+            (0x10, 0x10, 0x20, 0x20, 0x90, 0x90, 0xA0, 0xA0),
+        )
+    if name == "g5-forgotten":
+        job = _ending(_Load(_STEADY, level=55.0, dry=True), -102 * _HOUR)
+        return _Scenario(_A10G, (_GpuSpec(job, (17500,)),), (0x1E,))
+    if name == "p5-inference":
+        serve = _jobs(30, 80, 0.85, 600.0)
+        return _Scenario(
+            _H100,
+            (
+                _GpuSpec(mig=tuple(_gi(7 + k, "1g.10gb", k, _steady(40 + 6 * k), 6000 + 300 * k) for k in range(7))),
+                _GpuSpec(
+                    mig=(
+                        _gi(2, "3g.40gb", 0, _steady(72), 32000),
+                        _gi(3, "2g.20gb", 1, serve, 14000),
+                        _gi(4, "2g.20gb", 2, _steady(48), 15000),
+                    )
+                ),
+                _GpuSpec(mig=(_gi(1, "4g.40gb", 0, _steady(81), 36000), _gi(2, "3g.40gb", 1, serve, 28000))),
+                _GpuSpec(mig=(_gi(0, "7g.80gb", 0, _steady(66), 72000),)),
+                _GpuSpec(
+                    mig=(
+                        _gi(2, "3g.40gb", 0, _steady(58), 30000),
+                        _gi(3, "2g.20gb", 1, serve, 12000),
+                        _gi(9, "1g.10gb", 2, _steady(35), 5000),
+                        _gi(10, "1g.10gb", 3, _NO_LOAD),  # unused
+                    )
+                ),
+                _GpuSpec(
+                    mig=(
+                        _gi(3, "2g.20gb", 0, _steady(62), 16000),
+                        _gi(4, "2g.20gb", 1, _NO_LOAD),  # unused
+                        _gi(5, "2g.20gb", 2, serve, 13000),
+                        _gi(13, "1g.10gb", 3, _steady(44), 6000),
+                    )
+                ),
+                _GpuSpec(
+                    mig=(
+                        _gi(1, "4g.40gb", 0, _steady(76), 34000),
+                        _gi(5, "2g.20gb", 1, serve, 15000),
+                        _gi(13, "1g.10gb", 2, _steady(52), 7000),
+                    )
+                ),
+                # 3 + 2 + 1 of 7 compute slices: one was never made into a GPU instance.
+                _GpuSpec(
+                    mig=(
+                        _gi(2, "3g.40gb", 0, _steady(69), 31000),
+                        _gi(3, "2g.20gb", 1, serve, 14000),
+                        _gi(9, "1g.10gb", 2, _steady(38), 6000),
+                    )
+                ),
+            ),
+            (0x53, 0x64, 0x75, 0x86, 0x97, 0xA8, 0xB9, 0xCA),
+        )
+    if name == "g5-batch":
+        return _Scenario(
+            _A10G,
+            (
+                _GpuSpec(_jobs(40, 90, 0.6, 900.0), (18000,)),
+                _GpuSpec(_jobs(40, 90, 0.6, 900.0), (18500,)),
+                _GpuSpec(_jobs(30, 90, 0.5, 900.0), (12000,)),
+                _GpuSpec(_jobs(30, 90, 0.5, 900.0), (11000,)),
+            ),
+            (0x1B, 0x1C, 0x1D, 0x1E),
+        )
+    if name == "p4d-shared":
+        return _Scenario(
+            _A100,
+            (
+                _GpuSpec(mig=tuple(_gi(7 + k, "1g.5gb", k, _jobs(20, 80, 0.7), 3500 + 100 * k) for k in range(7))),
+                _GpuSpec(mig=(_gi(1, "4g.20gb", 0, _steady(70), 17000), _gi(2, "3g.20gb", 1, _steady(55), 15000))),
+                _GpuSpec(mig=(_gi(0, "7g.40gb", 0, _jobs(40, 90, 0.8), 36000),)),
+                _GpuSpec(
+                    mig=(
+                        _gi(2, "3g.20gb", 0, _steady(64), 16000),
+                        _gi(3, "2g.10gb", 1, _jobs(15, 70, 0.6), 8000),
+                        _gi(9, "1g.5gb", 2, _steady(40), 4000),
+                        _gi(10, "1g.5gb", 3, _NO_LOAD),  # no process
+                    )
+                ),
+                _GpuSpec(
+                    mig=(_gi(1, "4g.20gb", 0, _jobs(30, 90, 0.6), 18000), _gi(2, "3g.20gb", 1, _steady(48), 14000))
+                ),
+                _GpuSpec(
+                    mig=(
+                        _gi(2, "3g.20gb", 0, _steady(45), 14000),
+                        _gi(3, "2g.10gb", 1, _steady(35), 8000),
+                        _gi(4, "2g.10gb", 2, _jobs(20, 80, 0.7), 8000),
+                    )
+                ),
+                _GpuSpec(mig=(_gi(0, "7g.40gb", 0, _steady(82), 38000),)),
+                _GpuSpec(
+                    mig=(_gi(2, "3g.20gb", 0, _jobs(20, 85, 0.7), 15000), _gi(1, "4g.20gb", 1, _steady(60), 18000))
+                ),
+            ),
+            (0x10, 0x10, 0x20, 0x20, 0x90, 0x90, 0xA0, 0xA0),
+        )
+    if name == "p5-train":
+        return _Scenario(
+            _H100,
+            tuple(_GpuSpec(_jobs(80, 90, 0.97, 1800.0), (72000 + 500 * i,)) for i in range(8)),
+            (0x53, 0x64, 0x75, 0x86, 0x97, 0xA8, 0xB9, 0xCA),
+        )
     if name == "no-gpu":
         return _Scenario(None, ())
     if name == "no-driver":
@@ -341,6 +478,15 @@ def _scenario(name: str) -> _Scenario:
 
 # ---------------------------------------------------------------------------------------------------------------
 # The simulation
+
+
+def _working_hour(local_hour: int) -> bool:
+    """Whether a local hour (counted from 1970-01-01 00:00, a Thursday) is in office hours: weekdays, from 8, 9 or
+    10 to 18, 19 or 20 o'clock, varying by day."""
+    day, hour = divmod(local_hour, 24)
+    if (day + 3) % 7 >= 5:
+        return False
+    return 8 + _mix(2 * day) % 3 <= hour < 18 + _mix(2 * day + 1) % 3
 
 
 class _Curve:
@@ -366,11 +512,12 @@ class _Curve:
         "pin",
         "seg_off",
         "seg_s",
+        "until",
         "w1",
         "w2",
     )
 
-    def __init__(self, load: _Load, key: int) -> None:
+    def __init__(self, load: _Load, key: int, epoch: float) -> None:
         self.kind = load.kind
         self.level = load.level
         self.lo = load.lo
@@ -379,7 +526,9 @@ class _Curve:
         self.seg_s = load.seg_s
         self.dry = load.dry
         self.key = key
-        self.seg_off = _rand(key, 1) * load.seg_s
+        self.until = None if load.until_s is None else epoch + load.until_s
+        # Office hours count whole local hours; other work starts and stops at its own phase.
+        self.seg_off = load.utc_offset_h * _HOUR if load.kind == _OFFICE else _rand(key, 1) * load.seg_s
         self.w1 = 2 * math.pi / (60.0 + 120.0 * _rand(key, 2))
         self.p1 = 2 * math.pi * _rand(key, 3)
         self.w2 = 2 * math.pi / (7.0 + 11.0 * _rand(key, 4))
@@ -395,15 +544,24 @@ class _Curve:
         self._seg_level = 0.0
 
     def _level_of(self, seg: int) -> float:
-        if _rand(self.key ^ 0xA5A5A5A5, 2 * seg) >= self.p_on:
+        if self.kind == _OFFICE:
+            if not _working_hour(seg):
+                return 0.0
+        elif _rand(self.key ^ 0xA5A5A5A5, 2 * seg) >= self.p_on:
             return 0.0
         return self.lo + (self.hi - self.lo) * _rand(self.key ^ 0xA5A5A5A5, 2 * seg + 1)
+
+    def working(self, t: float) -> bool:
+        """Whether the unit's processes exist at clock time `t`: not after `until`, nor outside office hours."""
+        if self.until is not None and t >= self.until:
+            return False
+        return self.kind != _OFFICE or _working_hour(math.floor((t + self.seg_off) / self.seg_s))
 
     def at(self, t: float) -> float:
         """Utilization at clock time `t` (s), percent."""
         if self.pin is not None:
             return self.pin
-        if self.kind == _IDLE:
+        if self.kind == _IDLE or (self.until is not None and t >= self.until):
             return 0.0
         if self.kind == _STEADY:
             level = self.level
@@ -424,11 +582,11 @@ class _Curve:
 
     def integral(self, t1: float, t2: float) -> float:
         """Integral of utilization over [t1, t2], percent-seconds."""
-        if t2 <= t1:
-            return 0.0
         if self.pin is not None:
-            return self.pin * (t2 - t1)
-        if self.kind == _IDLE:
+            return self.pin * max(0.0, t2 - t1)
+        if self.until is not None:
+            t2 = min(t2, self.until)
+        if t2 <= t1 or self.kind == _IDLE:
             return 0.0
         if self.kind == _STEADY:
             return self._wobble(self.level, t1, t2)
@@ -450,6 +608,7 @@ class _Proc:
     used_bytes: int
     gi_id: int = _NO_ID
     ci_id: int = _NO_ID
+    unit: _Curve | None = None  # the work it belongs to: the process exists while that unit is working
 
 
 @dataclass(eq=False, slots=True)
@@ -499,6 +658,26 @@ class _Gpu:
         return self.curve is None
 
 
+class Truth(NamedTuple):
+    """What one GPU or MIG device did over a span of clock time, exactly.
+
+    `util` and `sm_active` are means over the span in %: of a whole GPU, of a MIG device's GPU instance (what
+    GPM reports for each of its devices), or of a MIG-mode GPU weighted by compute slices (GPM's whole-GPU
+    figure). Memory in use (MiB, without driver-reserved memory; a MIG device: its GPU instance's) and the
+    processes are those running at the middle of the span. Power (mean, W), temperature (°C) and SM clock
+    (MHz) describe the board and are None for a MIG device.
+    """
+
+    util: float
+    sm_active: float
+    mem_used_mib: int
+    procs: int
+    procs_mem_mib: int
+    power_w: float | None
+    temp_c: int | None
+    sm_clock_mhz: int | None
+
+
 @dataclass(slots=True)
 class _Failure:
     function: str
@@ -533,7 +712,7 @@ class FakeNvml:
     from the clock reading taken here, so with a fake clock they too are exact and repeatable.
     """
 
-    def __init__(self, scenario: str, clock: Callable[[], float], seed: int) -> None:
+    def __init__(self, scenario: str, clock: Callable[[], float], seed: int, epoch: float | None = None) -> None:
         spec = _scenario(scenario)
         self.scenario = scenario
         self.seed = seed
@@ -553,6 +732,7 @@ class FakeNvml:
         # Handles point into this buffer: one 8-byte cell per GPU and MIG device, never dereferenced.
         self._arena = ctypes.create_string_buffer(8 * max(1, nodes))
         t0 = clock()
+        self.epoch = t0 if epoch is None else epoch
         for i, gspec in enumerate(spec.gpus):
             self._gpus.append(self._build_gpu(i, gspec, spec, t0))
 
@@ -580,7 +760,7 @@ class FakeNvml:
             device=0x1C + i % 2 if spec.bus_ids.count(spec.bus_ids[i]) > 1 else 0,
             ecc=gspec.ecc,
             handle=self._handle(),
-            curve=None if mig else _Curve(gspec.load, key),
+            curve=None if mig else _Curve(gspec.load, key, self.epoch),
             sample_phase_us=int(_rand(key, 20) * _SAMPLE_PERIOD_US),
             energy_t=t0,
             # The counter runs since the driver loaded: some days at idle power.
@@ -589,7 +769,7 @@ class FakeNvml:
         self._nodes[ctypes.addressof(gpu.handle.contents)] = gpu
         if gpu.curve is not None:
             gpu.weights = [(1.0, gpu.curve)]
-            gpu.procs = [_Proc(self._pid(key), mib * _MIB) for mib in gspec.procs_mib]
+            gpu.procs = [_Proc(self._pid(key), mib * _MIB, unit=gpu.curve) for mib in gspec.procs_mib]
             return gpu
         for gi_spec in gspec.mig or ():
             profile = model.profiles[gi_spec.profile]
@@ -618,7 +798,7 @@ class FakeNvml:
                     ci_slices=ci.slices,
                     name=name,
                     uuid="MIG-" + _uuid(mkey),
-                    curve=_Curve(ci.load, mkey),
+                    curve=_Curve(ci.load, mkey, self.epoch),
                     handle=self._handle(),
                     attrs=attrs,
                 )
@@ -627,7 +807,7 @@ class FakeNvml:
                 gi.cis.append(dev)
                 gi.weights.append((ci.slices / profile.slices, dev.curve))
                 gpu.weights.append((ci.slices / _MIG_SLICES, dev.curve))
-                gpu.procs += [_Proc(self._pid(key), mib * _MIB, gi.gi_id, ci.ci_id) for mib in ci.procs_mib]
+                gpu.procs += [_Proc(self._pid(key), mib * _MIB, gi.gi_id, ci.ci_id, dev.curve) for mib in ci.procs_mib]
         gpu.mig = dict(sorted(gpu.mig.items()))
         return gpu
 
@@ -795,6 +975,43 @@ class FakeNvml:
             raise KeyError(pid)
         g.procs = kept
 
+    # -- the simulation's own answers
+
+    def truth(self, t1: float, t2: float) -> dict[str, Truth]:
+        """Every GPU's and MIG device's figures over clock time [t1, t2], by UUID: the exact integrals an
+        ideal collector would measure, not one sampled reading. Needs no nvmlInit and changes no state."""
+        if not t2 > t1:
+            raise ValueError("t2 must be after t1")
+        span = t2 - t1
+        mid = t1 + span / 2
+        out: dict[str, Truth] = {}
+        for gpu in self._gpus:
+            means = {id(c): c.integral(t1, t2) / span for _, c in gpu.weights}
+            busy = sum(w * means[id(c)] for w, c in gpu.weights)
+            sm = sum(w * means[id(c)] * c.f_sm for w, c in gpu.weights)
+            running = [p for p in gpu.procs if p.unit is None or p.unit.working(mid)]
+            held = sum(p.used_bytes for p in running) // _MIB
+            m = gpu.model
+            out[gpu.uuid] = Truth(
+                busy,
+                sm,
+                held,
+                len(running),
+                held,
+                m.idle_w + (m.tdp_w - m.idle_w) * busy / 100.0,
+                int(m.temp_idle_c + (m.temp_busy_c - m.temp_idle_c) * busy / 100.0 + 0.5),
+                m.sm_boost_mhz if busy >= 1.0 else m.sm_idle_mhz,
+            )
+            for gi in gpu.gis.values():
+                gi_util = sum(w * means[id(c)] for w, c in gi.weights)
+                gi_sm = sum(w * means[id(c)] * c.f_sm for w, c in gi.weights)
+                in_gi = [p for p in running if p.gi_id == gi.gi_id]
+                gi_held = sum(p.used_bytes for p in in_gi) // _MIB
+                for dev in gi.cis:
+                    own = [p.used_bytes for p in in_gi if p.ci_id == dev.ci_id]
+                    out[dev.uuid] = Truth(gi_util, gi_sm, gi_held, len(own), sum(own) // _MIB, None, None, None)
+        return out
+
     # -- init and system
 
     def nvmlInitWithFlags(self, flags: int) -> None:
@@ -902,17 +1119,35 @@ class FakeNvml:
         node = self._node("nvmlDeviceGetMemoryInfo", handle)
         if version and version != _nv.nvmlMemory_v2:
             raise _error(_nv.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
-        if isinstance(node, _Gpu):
-            total, reserved = node.model.total_mib * _MIB, node.model.reserved_mib * _MIB
-            used = sum(p.used_bytes for p in node.procs)
-        else:
-            total, reserved = node.gi.spec.memory_mb * _MIB, 0
-            gi_id = node.gi.gi_id
-            used = sum(p.used_bytes for p in node.parent.procs if p.gi_id == gi_id)
+        total, reserved, used = self._memory(node, self._now())
         free = max(0, total - reserved - used)
         if not version:
             return _nv.c_nvmlMemory_t(total, free, used + reserved)
         return _nv.c_nvmlMemory_v2_t(version, total, reserved, free, used)
+
+    @staticmethod
+    def _running(node: _Gpu | _Mig, t: float) -> list[_Proc]:
+        """The processes on a GPU (its MIG devices' included) or on one MIG device at clock time `t`."""
+        if isinstance(node, _Gpu):
+            return [p for p in node.procs if p.unit is None or p.unit.working(t)]
+        gi_id, ci_id = node.gi.gi_id, node.ci_id
+        return [
+            p
+            for p in node.parent.procs
+            if p.gi_id == gi_id and p.ci_id == ci_id and (p.unit is None or p.unit.working(t))
+        ]
+
+    @staticmethod
+    def _memory(node: _Gpu | _Mig, t: float) -> tuple[int, int, int]:
+        """(total, reserved, used by processes) in bytes at clock time `t`; a MIG device has its GPU instance's."""
+        if isinstance(node, _Gpu):
+            used = sum(p.used_bytes for p in node.procs if p.unit is None or p.unit.working(t))
+            return node.model.total_mib * _MIB, node.model.reserved_mib * _MIB, used
+        gi_id = node.gi.gi_id
+        used = sum(
+            p.used_bytes for p in node.parent.procs if p.gi_id == gi_id and (p.unit is None or p.unit.working(t))
+        )
+        return node.gi.spec.memory_mb * _MIB, 0, used
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
         return self._procs(self._node("nvmlDeviceGetComputeRunningProcesses", handle))
@@ -923,15 +1158,10 @@ class FakeNvml:
     def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Any) -> list[Any]:
         return self._procs(self._node("nvmlDeviceGetComputeRunningProcesses_v2", handle))
 
-    @staticmethod
-    def _procs(node: _Gpu | _Mig) -> list[Any]:
+    def _procs(self, node: _Gpu | _Mig) -> list[Any]:
         # The real wrapper converts each c_nvmlProcessInfo_v2_t to an nvmlFriendlyObject with the same fields.
         friendly = _nv.nvmlFriendlyObject
-        if isinstance(node, _Gpu):
-            procs = node.procs
-        else:
-            gi_id, ci_id = node.gi.gi_id, node.ci_id
-            procs = [p for p in node.parent.procs if p.gi_id == gi_id and p.ci_id == ci_id]
+        procs = self._running(node, self._now())
         return [
             friendly(
                 {"pid": p.pid, "usedGpuMemory": p.used_bytes, "gpuInstanceId": p.gi_id, "computeInstanceId": p.ci_id}
@@ -1217,9 +1447,13 @@ class FakeNvml:
         return mg
 
 
-def load(scenario: str, *, clock: Callable[[], float] | None = None, seed: int = 0) -> FakeNvml:
+def load(
+    scenario: str, *, clock: Callable[[], float] | None = None, seed: int = 0, epoch: float | None = None
+) -> FakeNvml:
     """A fake NVML for `scenario` (a key of SCENARIOS). `clock` returns seconds (default time.monotonic);
-    `seed` varies UUIDs, PIDs and the shape of the load curves between simulated hosts."""
+    `seed` varies UUIDs, PIDs and the shape of the load curves between simulated hosts; `epoch` is the clock
+    time a scenario's story is told from (work that ended "102 h before the epoch"), by default the clock's
+    reading now. Office hours read the clock as UTC epoch seconds: pass `clock=time.time` for those."""
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown fake NVML scenario {scenario!r}; known: {', '.join(sorted(SCENARIOS))}")
-    return FakeNvml(scenario, clock or time.monotonic, seed)
+    return FakeNvml(scenario, clock or time.monotonic, seed, epoch)

@@ -10,6 +10,7 @@ import contextlib
 import importlib
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -79,7 +80,8 @@ def load_library(fake_scenario: str | None = None) -> Any:
         if fake_scenario not in fake_nvml.SCENARIOS:
             names = ", ".join(sorted(fake_nvml.SCENARIOS))
             raise NvmlUnavailable(f"unknown fake NVML scenario {fake_scenario!r}; known: {names}")
-        return fake_nvml.load(fake_scenario)
+        # The wall clock, so scenarios with office hours follow the calendar.
+        return fake_nvml.load(fake_scenario, clock=time.time)
     try:
         return importlib.import_module("pynvml")
     except ImportError:

@@ -1,4 +1,4 @@
-"""`gpufleet`: serve, migrate, token create/list/revoke, hash-password, maintain, prices, report.
+"""`gpufleet`: serve, demo, migrate, token create/list/revoke, hash-password, maintain, prices, report.
 
 Every failure ends in one readable line on stderr and a non-zero exit code, never a traceback.
 """
@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from ipaddress import ip_address
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from pydantic import ValidationError
@@ -178,6 +179,42 @@ def _serve(args: argparse.Namespace) -> None:
         cmd_serve(args)
     except (_Terminated, KeyboardInterrupt):
         print("gpufleet: stopped", flush=True)
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from .demo.run import DemoError, DemoOptions, check_options, folder_lock, listening_socket, run_demo
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    settings = _settings(args)
+    folder = Path(args.demo_dir).expanduser() if args.demo_dir else settings.data_dir / "demo"
+    options = DemoOptions(
+        folder=folder.resolve(),
+        instances=args.instances,
+        seed=args.seed,
+        reset=args.reset,
+        interval_s=args.interval_s,
+    )
+    if settings.database_url:
+        print("gpufleet demo: GPUFLEET_DATABASE_URL is not used: the demo keeps its own database", file=sys.stderr)
+    # Always its own embedded database, on loopback, with reading open to this machine only.
+    settings = settings.model_copy(
+        update={"database_url": None, "data_dir": options.folder, "host": "127.0.0.1", "auth": "off"}
+    )
+    _check_prices(settings)
+    try:
+        check_options(options)
+        with folder_lock(options.folder), listening_socket(settings.host, settings.port) as sock:
+            _check_auth(settings)
+            run_demo(options, settings, sock, lambda s: database(s, announce=True))
+    except DemoError as exc:
+        _fail(str(exc))
+
+
+def _demo(args: argparse.Namespace) -> None:
+    try:
+        cmd_demo(args)
+    except (_Terminated, KeyboardInterrupt):
+        print("gpufleet demo: stopped", flush=True)
 
 
 def cmd_migrate(args: argparse.Namespace) -> None:
@@ -359,6 +396,8 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .demo.fleet import DEFAULT_INSTANCES, STORIES
+
     parser = argparse.ArgumentParser(prog="gpufleet", description="gpufleet server: where GPU money goes.")
     parser.add_argument("--version", action="version", version=f"gpufleet {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -373,6 +412,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="port (default 8000)")
     p.add_argument("--workers", type=int, help="worker processes (default 1)")
     p.set_defaults(func=_serve)
+
+    p = sub.add_parser(
+        "demo",
+        help="a simulated fleet on this machine: two weeks of history, live agents, the dashboard",
+        description="Starts an embedded PostgreSQL, fills in 14 days of a simulated fleet, keeps it live with "
+        "simulated agents and serves the dashboard on 127.0.0.1 with reading open to this machine "
+        "(GPUFLEET_AUTH=off). Ctrl-C stops everything it started. A second run carries on with the same fleet.",
+    )
+    p.add_argument(
+        "--instances",
+        type=int,
+        metavar="N",
+        help=f"simulated instances (default {DEFAULT_INSTANCES}; the first {len(STORIES)} tell the stories)",
+    )
+    p.add_argument("--seed", type=int, help="fleet seed: the same seed gives the same fleet (default 1)")
+    p.add_argument("--reset", action="store_true", help="delete the demo's data and start over")
+    p.add_argument(
+        "--data-dir", dest="demo_dir", metavar="DIR", help="the demo's folder (default: GPUFLEET_DATA_DIR/demo)"
+    )
+    p.add_argument("--port", type=int, help="port on 127.0.0.1 (default 8000)")
+    p.add_argument("--interval-s", type=int, default=10, metavar="S", help="live agents' interval, s (default 10)")
+    p.set_defaults(func=_demo)
 
     p = sub.add_parser("migrate", help="apply database migrations")
     db_args(p)

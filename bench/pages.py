@@ -44,9 +44,10 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from sqlalchemy import Engine, event, text
+from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 
+from app.store.bulk import quiet_bulk_loads
 from bench.fleet import DAY, HOUR, Fleet, SampleMaker, batch_dict, last_seen, make_fleet
 from bench.ingest import (
     BenchError,
@@ -250,24 +251,10 @@ def _init_worker(url: str, params: dict[str, int], ids: dict[str, int], mem_held
     # Millions of short-lived tuples and no cycles: the collector would only spend time looking.
     gc.disable()
     engine = make_engine(url, pool_size=1)
-    event.listen(engine, "connect", _quiet_server_log)
+    quiet_bulk_loads(engine)
     _worker["maker"] = SampleMaker(make_fleet(**params), ids)
     _worker["sessions"] = make_sessionmaker(engine)
     _worker["mem_held_mib"] = mem_held_mib
-
-
-def _quiet_server_log(dbapi_conn: Any, _record: Any) -> None:
-    """At bulk-load rates the BRIN autosummarize requests overflow autovacuum's work-item queue, and PostgreSQL
-    logs every one it drops, at level LOG, with the whole statement: gigabytes over a load. Where the role may
-    (a superuser, as in the embedded server), the loading sessions leave the server log alone; their errors
-    still reach the benchmark."""
-    try:
-        with dbapi_conn.cursor() as cur:
-            cur.execute("SET log_min_messages = fatal")
-            cur.execute("SET log_min_error_statement = panic")
-        dbapi_conn.commit()
-    except psycopg.Error:
-        dbapi_conn.rollback()
 
 
 def _load_span(span: tuple[int, int]) -> tuple[int, float, float]:

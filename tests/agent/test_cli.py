@@ -205,7 +205,7 @@ def test_a_misspelt_setting_is_refused(env: dict[str, str]) -> None:
 
 def test_an_unknown_scenario_is_a_usage_error(env: dict[str, str]) -> None:
     result = agent("--fake-nvml", "p9", "once", env=env)
-    assert result.returncode == 2 and "known: g5-idle, g6e-busy" in result.stderr
+    assert result.returncode == 2 and "known: g5-batch, g5-forgotten, g5-idle, g6e-busy" in result.stderr
 
 
 def test_proxies_in_the_env_file_reach_a_shell_run(env: dict[str, str], tmp_path: Path) -> None:

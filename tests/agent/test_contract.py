@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from agent import fake_nvml
 from agent.batch import Batcher
 from agent.identify import Identity
 from agent.spool import Journal, Spool
@@ -16,7 +17,7 @@ from app.ingest.schemas import IngestBatchIn
 
 from .collect.conftest import Host
 
-SCENARIOS = ["p4d-mig", "p5-mig", "p5", "g5-idle", "g6e-busy", "no-gpu"]
+SCENARIOS = sorted(set(fake_nvml.SCENARIOS) - {"no-driver"})
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

@@ -128,6 +128,7 @@ def test_no_driver_and_no_gpu(clock: Clock) -> None:
 
 def test_scenarios_load_and_unknown_names_do_not() -> None:
     assert {"p4d-mig", "p5-mig", "p5", "g5-idle", "g6e-busy", "no-gpu", "no-driver"} <= set(SCENARIOS)
+    assert {"p4d-train", "g5-forgotten", "p5-inference", "g5-batch", "p4d-shared", "p5-train"} <= set(SCENARIOS)
     with pytest.raises(ValueError):
         fake_nvml.load("p3")
 
@@ -556,3 +557,98 @@ def test_an_interval_of_calls_is_cheap(p4d: FakeNvml, clock: Clock) -> None:
             p4d.nvmlDeviceGetComputeRunningProcesses(m)
     per_call = (time.perf_counter() - start) / (10 * (8 * 6 + len(slices) * 2))
     assert per_call < 100e-6
+
+
+# -- work that starts and stops: office hours, a job that ended
+
+
+WEDNESDAY = 1_768_348_800.0  # 2026-01-14 00:00 UTC
+
+
+def _busy_and_procs(lib: FakeNvml, gpu: int) -> tuple[int, int]:
+    h = lib.nvmlDeviceGetHandleByIndex(gpu)
+    return lib.nvmlDeviceGetUtilizationRates(h).gpu, len(lib.nvmlDeviceGetComputeRunningProcesses(h))
+
+
+def test_office_hours_work_on_weekdays_in_the_teams_time_zone() -> None:
+    clock = Clock(WEDNESDAY + 16 * 3600)  # 11:00 in UTC-5
+    lib = opened("p4d-train", clock)
+    for gpu in range(8):
+        util, procs = _busy_and_procs(lib, gpu)
+        assert util >= 75 and procs == 1
+    for t in (WEDNESDAY + 5 * 3600, WEDNESDAY + 3 * 86400 + 16 * 3600):  # 00:00 local; Saturday 11:00
+        clock.t = t
+        for gpu in range(8):
+            assert _busy_and_procs(lib, gpu) == (0, 0)
+            memory = lib.nvmlDeviceGetMemoryInfo(lib.nvmlDeviceGetHandleByIndex(gpu), version=pynvml.nvmlMemory_v2)
+            assert memory.used == 0
+
+
+def test_office_hours_start_and_end_with_the_day_for_every_gpu() -> None:
+    clock = Clock(WEDNESDAY)
+    lib = opened("p4d-train", clock)
+    for day in range(5):  # Wednesday to Sunday
+        hours = []
+        for hour in range(24):
+            clock.t = WEDNESDAY + day * 86400 + (hour + 5) * 3600 + 1800
+            working = {_busy_and_procs(lib, gpu)[1] for gpu in range(8)}
+            assert len(working) == 1  # the whole team starts and stops together
+            if working == {1}:
+                hours.append(hour)
+        if day < 3:
+            assert hours[0] in (8, 9, 10) and hours[-1] in (17, 18, 19)
+            assert hours == list(range(hours[0], hours[-1] + 1))
+        else:
+            assert hours == []
+
+
+def test_a_job_that_ended_before_the_epoch_leaves_an_idle_gpu(clock: Clock) -> None:
+    lib = fake_nvml.load("g5-forgotten", clock=clock, epoch=clock.t)
+    lib.nvmlInit()
+    assert _busy_and_procs(lib, 0) == (0, 0)
+    clock.t -= 102 * 3600 + 60
+    util, procs = _busy_and_procs(lib, 0)
+    assert 45 <= util <= 65 and procs == 1
+    # Without an epoch the story is told from the clock's reading when loaded.
+    assert fake_nvml.load("g5-forgotten", clock=clock).epoch == clock.t
+
+
+def test_truth_is_what_the_agent_measures() -> None:
+    from agent.collect import Collector
+    from agent.nvml import Nvml
+
+    for scenario in ("p5-inference", "g5-batch", "p4d-shared"):
+        clock = Clock(WEDNESDAY + 16 * 3600)
+        lib = fake_nvml.load(scenario, clock=clock, seed=4)
+        collector = Collector(Nvml.open(lib), clock=clock)
+        collector.start()
+        t0 = clock.t
+        clock.t += 10
+        interval = collector.collect()
+        truth = lib.truth(t0, clock.t)
+        assert {r.uuid for r in interval.readings} == set(truth)
+        for r in interval.readings:
+            expect = truth[r.uuid]
+            if r.util is not None:
+                # GPM integrates exactly; the sample buffer holds whole percents, 6 a second.
+                assert r.util == pytest.approx(expect.util, abs=0.01 if r.util_source == "nvml.gpm" else 1.5)
+            if r.sm_active is not None:
+                assert r.sm_active == pytest.approx(expect.sm_active, abs=0.01)
+            assert (r.mem_used_mib, r.procs, r.procs_mem_mib) == (
+                expect.mem_used_mib,
+                expect.procs,
+                expect.procs_mem_mib,
+            )
+            if r.power_w is not None:
+                assert r.power_w == pytest.approx(expect.power_w, abs=0.01)
+        assert lib.truth(t0, clock.t) == truth  # no state changes
+
+
+def test_truth_over_an_hour_is_the_mean_of_its_parts(clock: Clock) -> None:
+    lib = fake_nvml.load("g5-batch", clock=clock, seed=2)
+    whole = lib.truth(clock.t, clock.t + 3600)
+    parts = [lib.truth(clock.t + k * 300, clock.t + (k + 1) * 300) for k in range(12)]
+    for uuid, expect in whole.items():
+        assert expect.util == pytest.approx(sum(p[uuid].util for p in parts) / 12)
+    with pytest.raises(ValueError):
+        lib.truth(clock.t, clock.t)

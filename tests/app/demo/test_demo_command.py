@@ -1,0 +1,73 @@
+"""`gpufleet demo` end to end: a subprocess on a temporary folder shows the stories, goes live, and stops with
+Ctrl-C leaving no PostgreSQL behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.demo_process import DemoProcess, get, postgres_processes, samples_accepted
+
+pytestmark = pytest.mark.demo
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def gpufleet() -> list[str]:
+    script = Path(sys.executable).with_name("gpufleet")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "app.cli"]
+
+
+def clean_env() -> dict[str, str]:
+    """This environment without gpufleet settings: the demo must not need any."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
+
+
+def text_of(html: str) -> str:
+    return " ".join(re.sub(r"<[^>]+>", " ", html).split())
+
+
+def test_the_demo_tells_its_stories_live_and_stops_everything(tmp_path: Path) -> None:
+    folder = tmp_path / "demo"
+    demo = DemoProcess([*gpufleet(), "demo", "--data-dir", str(folder), "--port", str(free_port())], env=clean_env())
+    try:
+        url = demo.wait_for_url(timeout_s=120)
+        started = time.monotonic()
+        assert "14 days of history" in demo.output
+        assert "authentication is OFF" in demo.output
+
+        idle = get(url + "gpus/idle")
+        [g5] = [row for row in re.findall(r"<tr data-gpu=.*?</tr>", idle, re.S) if "vision-finetune-dev" in row]
+        # Idle 102 hours when the demo began, at $1.006 an hour: $102.61, and a few cents more by now.
+        assert re.search(r"\$102\.\d\d", text_of(g5)), text_of(g5)
+        assert "g5.xlarge" in g5 and "team=vision" in g5
+
+        overview = text_of(get(url))
+        assert re.search(r"Instances 12 ", overview), overview[:400]
+        assert "ml-research" in overview and "inference" in overview
+        mig = text_of(get(url + "mig"))
+        assert "inference-serving" in mig and "shared-a100-mig" in mig
+
+        # One live interval: the simulated agents post through the ingest API.
+        while samples_accepted(url) == 0:
+            assert time.monotonic() - started < 60, "no live interval arrived"
+            time.sleep(1)
+
+        assert demo.interrupt(timeout_s=60) == 0
+        assert "gpufleet demo: stopped" in demo.output
+        assert "Traceback" not in demo.output
+        assert postgres_processes(folder) == []
+        assert not (folder / "pgdata" / "postmaster.pid").exists()
+    finally:
+        demo.kill()
