@@ -190,36 +190,15 @@ def _figures(u: DeviceUsage | None, weight: float, rate: float | None, offline_s
     unknown_h = max(0.0, covered - known) * h
     offline_h = offline_s * h
     no_proc_h = no_proc * h
+    f = Figures(gpu_hours, active_h, idle_held_h, idle_h, unknown_h, offline_h, 0.0, no_proc_h, known_h, sum_h)
     if rate is None:
-        return Figures(
-            gpu_hours,
-            active_h,
-            idle_held_h,
-            idle_h,
-            unknown_h,
-            offline_h,
-            0.0,
-            no_proc_h,
-            known_h,
-            sum_h,
-            unpriced_gpu_hours=gpu_hours,
-        )
-    return Figures(
-        gpu_hours,
-        active_h,
-        idle_held_h,
-        idle_h,
-        unknown_h,
-        offline_h,
-        0.0,
-        no_proc_h,
-        known_h,
-        sum_h,
-        gpu_hours * rate,
-        idle_h * rate,
-        idle_held_h * rate,
-        max(0.0, known_h - sum_h / 100) * rate,
-    )
+        f.unpriced_gpu_hours = gpu_hours
+    else:
+        f.cost = gpu_hours * rate
+        f.idle_cost = idle_h * rate
+        f.idle_held_cost = idle_held_h * rate
+        f.unused_cost = max(0.0, known_h - sum_h / 100) * rate
+    return f
 
 
 def _free_figures(free_s: float, rate: float | None, offline_s: float) -> Figures:
