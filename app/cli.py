@@ -476,7 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="GET /api/v1/report from a running server and print it. Filters and --group-by repeat.",
     )
     p.add_argument("--url", help="server URL (default: GPUFLEET_URL, else http://127.0.0.1:8000)")
-    p.add_argument("--token", help="token with the read scope (default: GPUFLEET_TOKEN)")
+    p.add_argument("--token", help="token with the read scope (default: GPUFLEET_TOKEN; none: ask without one)")
     p.add_argument("--token-file", metavar="PATH", help="file holding the token")
     p.add_argument("--start", help="ISO 8601 start of the window (default: the last 7 days)")
     p.add_argument("--end", help="ISO 8601 end of the window (default: now)")

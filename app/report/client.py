@@ -41,7 +41,8 @@ class ReportClientError(Exception):
 class Server:
     url: str
     """Base URL, without a trailing slash."""
-    token: str
+    token: str | None
+    """None: ask without one (a server with GPUFLEET_AUTH=off lets this machine read)."""
     timeout_s: float = 60.0
 
 
@@ -67,11 +68,9 @@ def resolve_server(
             raise ReportClientError(f"cannot read --token-file {token_file}: {_reason(exc)}", USAGE) from None
         if not token:
             raise ReportClientError(f"--token-file {token_file} is empty", USAGE)
-    token = (token or env.get("GPUFLEET_TOKEN") or "").strip()
-    if not token:
-        raise ReportClientError("no token: give --token, --token-file or GPUFLEET_TOKEN (scope read)", USAGE)
+    token = (token or env.get("GPUFLEET_TOKEN") or "").strip() or None
     # Checked here so that no later error message can carry the secret (or whatever file was given instead).
-    if not all(33 <= ord(c) <= 126 for c in token) or len(token) > 4096:
+    if token is not None and (not all(33 <= ord(c) <= 126 for c in token) or len(token) > 4096):
         raise ReportClientError("the token is not one word of printable ASCII: is it the right value or file?", USAGE)
     if not 0 < timeout_s < 86400:
         raise ReportClientError("--timeout must be above 0 and under 86400 seconds", USAGE)
@@ -125,10 +124,10 @@ def _error_message(status: int, body: bytes) -> str:
 def open_report(server: Server, params: list[tuple[str, str]]) -> Iterator[HTTPResponse]:
     """The server's 200 answer, open for reading; ReportClientError for anything else."""
     url = f"{server.url}{PATH}?{urllib.parse.urlencode(params)}"
-    request = urllib.request.Request(
-        url,
-        headers={"Authorization": f"Bearer {server.token}", "User-Agent": f"gpufleet/{__version__}"},
-    )
+    headers = {"User-Agent": f"gpufleet/{__version__}"}
+    if server.token is not None:
+        headers["Authorization"] = f"Bearer {server.token}"
+    request = urllib.request.Request(url, headers=headers)
     try:
         response = urllib.request.urlopen(request, timeout=server.timeout_s)
     except urllib.error.HTTPError as exc:
@@ -138,7 +137,10 @@ def open_report(server: Server, params: list[tuple[str, str]]) -> Iterator[HTTPR
         except (OSError, HTTPException):
             body = b""
         code = USAGE if 400 <= exc.code < 500 else UNREACHABLE
-        raise ReportClientError(f"{server.url} answered {exc.code}: {_error_message(exc.code, body)}", code) from None
+        message = f"{server.url} answered {exc.code}: {_error_message(exc.code, body)}"
+        if exc.code == 401 and server.token is None:
+            message += "; give --token, --token-file or GPUFLEET_TOKEN (scope read)"
+        raise ReportClientError(message, code) from None
     except (urllib.error.URLError, OSError, HTTPException) as exc:
         raise ReportClientError(f"cannot reach {server.url}: {_reason(exc)}", UNREACHABLE) from None
     except ValueError:  # a URL that cannot go into a request; its message may quote the headers, so not shown

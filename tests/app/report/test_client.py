@@ -172,8 +172,10 @@ def test_bad_or_missing_tokens(
     ingest = make_token(sessions, "ingest")
     code, _out, err = run(capsys, "--url", live_server.url, "--token", ingest)
     assert code == 2 and "answered 403: token scope 'ingest' does not allow 'read'" in one_line(err)
+    # No token: asked without one, and the server's 401 comes back with what to give.
     code, _out, err = run(capsys, "--url", live_server.url)
-    assert code == 2 and one_line(err).startswith("gpufleet: no token: give --token, --token-file or GPUFLEET_TOKEN")
+    assert code == 2 and one_line(err).startswith(f"gpufleet: {live_server.url} answered 401: ")
+    assert one_line(err).endswith("; give --token, --token-file or GPUFLEET_TOKEN (scope read)")
     code, _out, err = run(capsys, "--url", live_server.url, "--token-file", "/nonexistent/token")
     assert code == 2 and one_line(err).startswith("gpufleet: cannot read --token-file /nonexistent/token")
     code, _out, err = run(capsys, "--url", live_server.url, "--token", "a", "--token-file", "/nonexistent/token")
@@ -284,3 +286,17 @@ def test_table_of_an_empty_report_and_missing_figures() -> None:
     assert lines[2] == "(no data in this window)"
     total = lines[-1].split()
     assert total[0] == "TOTAL" and total[2] == "-" and "1,234.50" in total
+
+
+def test_no_token_is_enough_where_the_server_has_auth_off(
+    capsys: pytest.CaptureFixture[str],
+    settings: Settings,
+    engine: object,
+    fleet: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("GPUFLEET_TOKEN", raising=False)
+    with LiveServer(settings.model_copy(update={"auth": "off"})) as open_server:
+        code, out, err = run(capsys, "--url", open_server.url, "--window", "24h", "--format", "json")
+    assert code == 0, err
+    assert {r["group"]["instance_type"] for r in json.loads(out)["rows"]} == {"p4d.24xlarge", "g5.xlarge"}
