@@ -408,20 +408,19 @@ def pick_instance(fleet: Fleet | None, url: str) -> str | None:
 
 
 class Client:
-    """Sequential GETs over one kept-alive connection, as a script would send them: with a read token, made in
-    the database up front (the dashboard needs a reader; without one a page answers 303 to the login form)."""
+    """Sequential GETs with a bearer token over one kept-alive connection, as a script would send them."""
 
-    def __init__(self, port: int, db_url: str) -> None:
+    def __init__(self, port: int, token: str) -> None:
         self.port = port
-        self.db_url = db_url
+        self.auth = {"Authorization": f"Bearer {token}"}
         self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-        self.auth = {"Authorization": f"Bearer {self.read_token()}"}
 
-    def get(self, path: str, headers: dict[str, str]) -> tuple[int, int, float]:
+    def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes, float]:
+        """Status, body and seconds until the whole answer was read."""
         for attempt in range(2):
             t = time.perf_counter()
             try:
-                self.conn.request("GET", path, headers={**headers, **self.auth})
+                self.conn.request("GET", path, headers={**(headers or {}), **self.auth})
                 response = self.conn.getresponse()
                 body = response.read()
             except (OSError, http.client.HTTPException):
@@ -430,24 +429,26 @@ class Client:
                 if attempt:
                     raise
                 continue
-            return response.status, len(body), time.perf_counter() - t
+            return response.status, body, time.perf_counter() - t
         raise BenchError(f"GET {path}: no answer")
-
-    def read_token(self) -> str:
-        from app.auth import create_token
-        from app.db import make_engine, make_sessionmaker, session_scope
-
-        engine = make_engine(self.db_url, pool_size=1)
-        try:
-            with session_scope(make_sessionmaker(engine)) as session:
-                _token, secret = create_token(session, name=f"bench-pages-{secrets.token_hex(4)}", scope="read")
-        finally:
-            engine.dispose()
-        log("made a token with scope read for the requests")
-        return secret
 
     def close(self) -> None:
         self.conn.close()
+
+
+def make_read_token(db_url: str, name: str) -> str:
+    """A token of scope read, made in the database: the dashboard and the report need a reader."""
+    from app.auth import create_token
+    from app.db import make_engine, make_sessionmaker, session_scope
+
+    engine = make_engine(db_url, pool_size=1)
+    try:
+        with session_scope(make_sessionmaker(engine)) as session:
+            _token, secret = create_token(session, name=name, scope="read")
+    finally:
+        engine.dispose()
+    log(f"made the token {name} with scope read for the requests")
+    return secret
 
 
 def time_url(client: Client, path: str, headers: dict[str, str], runs: int) -> dict[str, Any]:
@@ -457,7 +458,8 @@ def time_url(client: Client, path: str, headers: dict[str, str], runs: int) -> d
     statuses: Counter[int] = Counter()
     size = 0
     for _ in range(runs):
-        status, size, took = client.get(path, headers)
+        status, body, took = client.get(path, headers)
+        size = len(body)
         times.append(took * 1000.0)
         statuses[status] += 1
     times.sort()
@@ -646,7 +648,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]
     refresh = prepared.refresh
     proc, port, log_path = serve(prepared, args.workers, stack)
 
-    client = Client(port, url)
+    client = Client(port, make_read_token(url, f"bench-pages-{secrets.token_hex(4)}"))
     stack.callback(client.close)
     pages: dict[str, dict[str, Any]] = {}
     fragments: dict[str, dict[str, Any]] = {}
@@ -694,19 +696,25 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]
     }
 
 
-def readable(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]:
+Run = Callable[[argparse.Namespace, contextlib.ExitStack], dict[str, Any]]
+
+
+def readable(run: Run) -> Run:
     """`run`, with a database, HTTP or file error turned into one line for run_and_report to print."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    try:
-        return run(args, stack)
-    except (psycopg.Error, SQLAlchemyError, OSError, http.client.HTTPException) as exc:
-        message = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-        raise BenchError(f"{type(exc).__name__}: {message[0] if message else ''}") from exc
+    def wrapped(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]:
+        try:
+            return run(args, stack)
+        except (psycopg.Error, SQLAlchemyError, OSError, http.client.HTTPException) as exc:
+            message = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+            raise BenchError(f"{type(exc).__name__}: {message[0] if message else ''}") from exc
+
+    return wrapped
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_and_report(readable, parse_args(argv))
+    return run_and_report(readable(run), parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -21,43 +21,34 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import http.client
 import json
 import secrets
 import statistics
 import sys
-import time
 import urllib.parse
 from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
-import psycopg
-from sqlalchemy.exc import SQLAlchemyError
-
-from bench.ingest import BenchError, log, percentile, run_and_report, server_log_problems, stop_server
-from bench.pages import WARMUP, _quiet, first_traceback, parse_args, prepare, read_meta, serve
+from bench.ingest import log, percentile, run_and_report, server_log_problems, stop_server
+from bench.pages import (
+    WARMUP,
+    Client,
+    _quiet,
+    first_traceback,
+    make_read_token,
+    parse_args,
+    prepare,
+    read_meta,
+    readable,
+    serve,
+)
 
 WINDOWS = ("24h", "7d", "30d")
 GROUPINGS = ("instance", "instance_type", "tag:team")
 FORMATS = ("json", "csv")
 TARGET = ("30d", "instance", "json")
 TARGET_MS = 300.0
-
-
-def make_read_token(url: str) -> tuple[str, str]:
-    """A token of scope read in the benchmark's database: (name, secret)."""
-    from app.auth import create_token
-    from app.db import make_engine, make_sessionmaker, session_scope
-
-    engine = make_engine(url, pool_size=1)
-    try:
-        with session_scope(make_sessionmaker(engine)) as session:
-            token, secret = create_token(session, name=f"bench-report-{secrets.token_hex(4)}", scope="read")
-            name = token.name
-    finally:
-        engine.dispose()
-    return name, secret
 
 
 def revoke_token(url: str, name: str) -> None:
@@ -70,34 +61,6 @@ def revoke_token(url: str, name: str) -> None:
             revoke(session, name, now=datetime.now(UTC))
     finally:
         engine.dispose()
-
-
-class Reader:
-    """Sequential GETs with a bearer token over one kept-alive connection."""
-
-    def __init__(self, port: int, token: str) -> None:
-        self.port = port
-        self.headers = {"Authorization": f"Bearer {token}"}
-        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-
-    def get(self, path: str) -> tuple[int, bytes, float]:
-        for attempt in range(2):
-            t = time.perf_counter()
-            try:
-                self.conn.request("GET", path, headers=self.headers)
-                response = self.conn.getresponse()
-                body = response.read()
-            except (OSError, http.client.HTTPException):
-                self.conn.close()
-                self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=300)
-                if attempt:
-                    raise
-                continue
-            return response.status, body, time.perf_counter() - t
-        raise BenchError(f"GET {path}: no answer")
-
-    def close(self) -> None:
-        self.conn.close()
 
 
 def _rows(status: int, body: bytes, fmt: str) -> int | None:
@@ -117,7 +80,7 @@ def _problem(body: bytes) -> str:
         return body[:200].decode(errors="replace")
 
 
-def time_report(reader: Reader, window: str, by: str, fmt: str, runs: int) -> dict[str, Any]:
+def time_report(reader: Client, window: str, by: str, fmt: str, runs: int) -> dict[str, Any]:
     path = "/api/v1/report?" + urllib.parse.urlencode({"window": window, "group_by": by, "format": fmt})
     status, body, _took = reader.get(path)
     if status != 200:
@@ -148,11 +111,12 @@ def time_report(reader: Reader, window: str, by: str, fmt: str, runs: int) -> di
 def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]:
     prepared = prepare(args, stack)
     url = prepared.db.url
-    name, secret = make_read_token(url)
+    name = f"bench-report-{secrets.token_hex(4)}"
+    secret = make_read_token(url, name)
     # Registered after the database's own cleanup, so it runs first: the database is still up.
     stack.callback(_quiet("revoke the bench token", lambda: revoke_token(url, name)))
     proc, port, log_path = serve(prepared, args.workers, stack)
-    reader = Reader(port, secret)
+    reader = Client(port, secret)
     stack.callback(reader.close)
 
     reports: dict[str, dict[str, Any]] = {}
@@ -198,17 +162,8 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]
     }
 
 
-def readable(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]:
-    """`run`, with a database, HTTP or file error turned into one line for run_and_report to print."""
-    try:
-        return run(args, stack)
-    except (psycopg.Error, SQLAlchemyError, OSError, http.client.HTTPException) as exc:
-        message = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-        raise BenchError(f"{type(exc).__name__}: {message[0] if message else ''}") from exc
-
-
 def main(argv: list[str] | None = None) -> int:
-    return run_and_report(readable, parse_args(argv, description=__doc__))
+    return run_and_report(readable(run), parse_args(argv, description=__doc__))
 
 
 if __name__ == "__main__":

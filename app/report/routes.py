@@ -157,47 +157,30 @@ PARAMETERS = [
     ),
 ]
 
+_EXAMPLE_FIGURES: dict[str, Any] = {
+    "gpu_hours": 1344.0,
+    "avg_util_pct": 31.25,
+    "util_unknown_share": 0.0,
+    "active_h": 520.0,
+    "idle_held_h": 96.0,
+    "idle_h": 728.0,
+    "unknown_h": 0.0,
+    "offline_h": 0.0,
+    "cost": 3688.883856,
+    "idle_cost": 1998.145422,
+    "idle_held_cost": 263.491704,
+    "unused_cost": 2536.107651,
+    "unpriced_gpu_hours": 0.0,
+    "currency": "USD",
+    "price_source": "catalog on-demand",
+}
+# One group, so the totals are that group's figures.
 _JSON_EXAMPLE = {
     "start": "2026-11-01T00:00:00+00:00",
     "end": "2026-11-08T00:00:00+00:00",
     "group_by": ["instance_type"],
-    "rows": [
-        {
-            "group": {"instance_type": "p4d.24xlarge"},
-            "gpu_hours": 1344.0,
-            "avg_util_pct": 31.25,
-            "util_unknown_share": 0.0,
-            "active_h": 520.0,
-            "idle_held_h": 96.0,
-            "idle_h": 728.0,
-            "unknown_h": 0.0,
-            "offline_h": 0.0,
-            "cost": 3688.883856,
-            "idle_cost": 1998.145422,
-            "idle_held_cost": 263.491704,
-            "unused_cost": 2536.107651,
-            "unpriced_gpu_hours": 0.0,
-            "currency": "USD",
-            "price_source": "catalog on-demand",
-        }
-    ],
-    "totals": {
-        "gpu_hours": 1344.0,
-        "avg_util_pct": 31.25,
-        "util_unknown_share": 0.0,
-        "active_h": 520.0,
-        "idle_held_h": 96.0,
-        "idle_h": 728.0,
-        "unknown_h": 0.0,
-        "offline_h": 0.0,
-        "cost": 3688.883856,
-        "idle_cost": 1998.145422,
-        "idle_held_cost": 263.491704,
-        "unused_cost": 2536.107651,
-        "unpriced_gpu_hours": 0.0,
-        "currency": "USD",
-        "price_source": "catalog on-demand",
-    },
+    "rows": [{"group": {"instance_type": "p4d.24xlarge"}, **_EXAMPLE_FIGURES}],
+    "totals": _EXAMPLE_FIGURES,
 }
 
 
