@@ -41,7 +41,12 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("run", help="collect and deliver until stopped (the systemd service)")
     once = sub.add_parser("once", help="collect one interval and print the batch as JSON; no network")
     once.add_argument("--interval", type=float, metavar="SECONDS", help="interval length (default: configured)")
-    sub.add_parser("doctor", help="check NVML, GPUs, instance identity, spool and server; non-zero on a problem")
+    doctor = sub.add_parser(
+        "doctor", help="check NVML, GPUs, instance identity, spool and server; non-zero on a problem"
+    )
+    doctor.add_argument(
+        "--json", action="store_true", help="print the checks and this host's capability report as JSON"
+    )
     install = sub.add_parser("install", help="write the systemd unit and env file, and enable the service")
     install.add_argument("--server-url", help="written to the env file as GPUFLEET_AGENT_SERVER_URL")
     install.add_argument("--token", help="written to the env file as GPUFLEET_AGENT_TOKEN")
@@ -72,10 +77,15 @@ def _open_nvml(config: AgentConfig) -> Any:
     from .nvml import Nvml, NvmlUnavailable, load_library
 
     if config.fake_nvml:
-        from .fake_nvml import SCENARIOS
+        from . import fake_nvml
 
-        if config.fake_nvml not in SCENARIOS:
-            raise CliError(f"unknown fake NVML scenario {config.fake_nvml!r}; known: {', '.join(sorted(SCENARIOS))}")
+        if not fake_nvml.is_known(config.fake_nvml):
+            names = ", ".join(sorted(fake_nvml.SCENARIOS))
+            raise CliError(f"unknown fake NVML scenario {config.fake_nvml!r}; known: {names}, report:PATH")
+        try:
+            fake_nvml.load(config.fake_nvml)  # a report that cannot be read is bad input, not a driver problem
+        except fake_nvml.ReportError as exc:
+            raise CliError(str(exc)) from None
     try:
         return Nvml.open(load_library(config.fake_nvml))
     except NvmlUnavailable as exc:
@@ -156,8 +166,16 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     config = _config(args)
     _setup_logging("error")
     failed = 0
+    if args.json:
+        holder: dict[str, Any] = {}
+        checks = list(run_checks(config, holder))
+        document = holder.get("report") or {"format": "gpufleet-capability-report", "version": 1, "gpus": []}
+        document["checks"] = [c.to_wire() for c in checks]
+        json.dump(document, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return EXIT_FAIL if any(not c.ok for c in checks) else 0
     for check in run_checks(config):
-        print(f"{'ok  ' if check.ok else 'FAIL'}  {check.name}: {check.message}", flush=True)
+        print(f"{check.status.upper() if check.status != 'ok' else 'ok  '}  {check.name}: {check.message}", flush=True)
         failed += not check.ok
     return EXIT_FAIL if failed else 0
 

@@ -1,5 +1,8 @@
 """`gpufleet-agent doctor`: one line per check, for the person baking an AMI or debugging a host.
 
+Lines are `ok`, `WARN` (a figure the agent cannot read here, with what to grant; not a failure) or `FAIL`.
+With `--json` the same checks come with the host's capability report (`capabilities`).
+
 The token check posts an empty document to the ingest URL: the server authenticates before it validates,
 so a good token earns a 422 (nothing stored) and a bad one a 401 or 403.
 """
@@ -11,8 +14,11 @@ import ssl
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from . import __version__
+from .collect.model import GpuInfo
+from .collect.privilege import FIGURES, GRANTS
 from .config import AgentConfig, ConfigError
 from .httpclient import HttpError, request, tls_context
 from .send import Poster
@@ -26,16 +32,26 @@ class Check:
     name: str
     ok: bool
     message: str
+    warn: bool = False
+
+    @property
+    def status(self) -> str:
+        return "fail" if not self.ok else "warn" if self.warn else "ok"
+
+    def to_wire(self) -> dict[str, str]:
+        return {"name": self.name, "status": self.status, "message": self.message}
 
 
-def run_checks(config: AgentConfig) -> Iterator[Check]:
-    yield from _nvml_checks(config)
+def run_checks(config: AgentConfig, report: dict[str, Any] | None = None) -> Iterator[Check]:
+    """The checks in order; with `report`, the capability report of this host is put in it (key "report")."""
+    yield from _nvml_checks(config, report)
     yield _identity_check(config)
     yield _spool_check(config)
     yield from _server_checks(config)
 
 
-def _nvml_checks(config: AgentConfig) -> Iterator[Check]:
+def _nvml_checks(config: AgentConfig, report: dict[str, Any] | None) -> Iterator[Check]:
+    from . import capabilities
     from .collect import Collector
     from .nvml import Absent, Nvml, NvmlUnavailable, load_library
 
@@ -53,7 +69,9 @@ def _nvml_checks(config: AgentConfig) -> Iterator[Check]:
             f"driver {'unknown' if isinstance(driver, Absent) else driver}, "
             f"CUDA {'unknown' if isinstance(cuda, Absent) else cuda}{fake}",
         )
-        interval = Collector(nvml).sample(SAMPLE_S)
+        collector = Collector(nvml)
+        interval = collector.sample(SAMPLE_S)
+        records = collector.sources[0]
         gpus = interval.gpus
         if not gpus:
             yield Check("GPUs", False, "NVML sees no GPU")
@@ -82,12 +100,36 @@ def _nvml_checks(config: AgentConfig) -> Iterator[Check]:
         by_uuid = {r.uuid: r for r in interval.readings}
         blind = [g for g in gpus if not g.mig_mode and by_uuid[g.uuid].util is None]
         yield Check("Utilization", not blind, ", ".join(parts) or "no devices")
+        yield from _privilege_checks(gpus)
+        reader = getattr(records, "processes", None)
+        if reader is not None and reader.symbol:
+            size = f"{reader.record_bytes}-byte records" if reader.record_bytes else "no process to learn the size"
+            yield Check("Process lists", True, f"{reader.symbol}, {size}")
         errors = nvml.take_errors()
         if errors:
             worst = ", ".join(f"{k} x{v}" for k, v in Counter(errors).most_common(3))
             yield Check("NVML calls", True, f"{sum(errors.values())} failed calls, reported as absent: {worst}")
+        if report is not None:
+            report["report"] = capabilities.report(nvml, gpus, simulated=config.fake_nvml)
     finally:
         nvml.close()
+
+
+def _privilege_checks(gpus: tuple[GpuInfo, ...]) -> Iterator[Check]:
+    """One WARN line per GPU and grant for the figures NVML refused, or one ok line when none was."""
+    denied = [g for g in gpus if g.permission_denied]
+    if not denied:
+        yield Check("Privileges", True, f"every figure readable on {len(gpus)} GPUs")
+        return
+    for g in denied:
+        by_grant: dict[str, list[tuple[str, str]]] = {}
+        for d in g.permission_denied:
+            by_grant.setdefault(d.grant, []).append((FIGURES.get(d.figure, d.figure), d.call))
+        for grant, items in by_grant.items():
+            figures = ", ".join(dict.fromkeys(f for f, _ in items))
+            calls = ", ".join(dict.fromkeys(c for _, c in items))
+            message = f"GPU {g.index}: {figures} refused ({calls}); grant {GRANTS.get(grant, grant)}"
+            yield Check("Privileges", True, message, warn=True)
 
 
 def _identity_check(config: AgentConfig) -> Check:

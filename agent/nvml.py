@@ -77,11 +77,14 @@ def load_library(fake_scenario: str | None = None) -> Any:
     if fake_scenario:
         from . import fake_nvml
 
-        if fake_scenario not in fake_nvml.SCENARIOS:
+        if not fake_nvml.is_known(fake_scenario):
             names = ", ".join(sorted(fake_nvml.SCENARIOS))
-            raise NvmlUnavailable(f"unknown fake NVML scenario {fake_scenario!r}; known: {names}")
-        # The wall clock, so scenarios with office hours follow the calendar.
-        return fake_nvml.load(fake_scenario, clock=time.time)
+            raise NvmlUnavailable(f"unknown fake NVML scenario {fake_scenario!r}; known: {names}, report:PATH")
+        try:
+            # The wall clock, so scenarios with office hours follow the calendar.
+            return fake_nvml.load(fake_scenario, clock=time.time)
+        except fake_nvml.ReportError as exc:
+            raise NvmlUnavailable(str(exc)) from None
     try:
         return importlib.import_module("pynvml")
     except ImportError:

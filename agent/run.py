@@ -4,6 +4,11 @@ The cadence is deadline-based: the k-th interval ends at start + k x interval on
 loop's own work never makes it drift. If the host stalls past whole deadlines (suspended VM, overloaded
 box), the missed ticks are skipped and the next interval is simply longer: its duration says so, and
 nothing is lost.
+
+A MIG mode change waits for a GPU reset, which an open NVML client blocks ("In use by another client", NVIDIA
+MIG user guide). When NVML reports one pending, the agent says so in an event, lets go of NVML and keeps
+delivering its spool; every `mig_recheck_s` it opens NVML for a moment to see whether the change is done,
+and collects again, from the new layout, once it is.
 """
 
 from __future__ import annotations
@@ -22,14 +27,15 @@ from .batch import Batcher
 from .collect import Collector
 from .config import AgentConfig
 from .identify import Identity, IdentityResolver, IdentityUnavailable
-from .nvml import Nvml
+from .nvml import Nvml, NvmlUnavailable
 from .send import Poster, Sender
 from .spool import JOURNAL, Journal, Spool
 
 log = logging.getLogger("gpufleet.agent")
 
-EVENT_POLL_S = 5.0  # AWS's advice for watching spot/instance-action
+EVENT_POLL_S = 5.0  # AWS's advice for watching spot/instance-action; also how often the sample buffer is read
 STOP_FLUSH_S = 5.0  # how long a stopping agent keeps trying to deliver what it holds
+MIG_RECHECK_S = 30.0  # how often a released agent looks whether a pending MIG mode change is done
 
 
 class Agent:
@@ -42,6 +48,7 @@ class Agent:
         poster: Poster | None = None,
         clock: Callable[[], float] = time.monotonic,
         backoff_base_s: float = 1.0,
+        mig_recheck_s: float = MIG_RECHECK_S,
     ) -> None:
         self.config = config
         self.nvml = nvml
@@ -67,6 +74,9 @@ class Agent:
             else None
         )
         self.collector = Collector(nvml, clock=clock)
+        self.mig_recheck_s = mig_recheck_s
+        self.released = False
+        """True while NVML is let go for a pending MIG mode change."""
         self.intervals = 0
         self.skipped_ticks = 0
         self._last_identity: Identity | None = None
@@ -106,6 +116,8 @@ class Agent:
                     tick += skipped
                     self.skipped_ticks += skipped
                 self._one_interval()
+                if self.collector.pending_mig_changes() and not self._release_for_mig_change(stop):
+                    break
         finally:
             self._shutdown(stop, sender_thread)
 
@@ -119,14 +131,13 @@ class Agent:
                 return True
             if deadline - self.clock() > 0.5:
                 self._events()
+                if not self.released:
+                    self.collector.poll()
 
     def _events(self) -> None:
         events = self.resolver.poll_events()
         if events:
-            try:
-                self._seal(self.batcher.add_events(events, self._current_identity().to_wire()))
-            except OSError as exc:
-                log.error("cannot write to the spool at %s: %s", self.config.state_dir, exc)
+            self._record_events(events)
 
     def _one_interval(self) -> None:
         interval = self.collector.collect()
@@ -145,6 +156,60 @@ class Agent:
             return
         self._seal(sealed)
         self._events()
+
+    def _release_for_mig_change(self, stop: threading.Event) -> bool:
+        """Let go of NVML until no MIG mode change is pending, then collect from the new layout. False if the
+        agent was stopped meanwhile."""
+        pending = self.collector.pending_mig_changes()
+        details = [
+            {
+                "gpu_index": gpu.index,
+                "gpu_uuid": gpu.uuid,
+                "current": "enabled" if gpu.mig_mode else "disabled",
+                "pending": "enabled" if gpu.mig_pending else "disabled",
+            }
+            for gpu in pending
+        ]
+        self._record_events([self._event("mig_mode_change_pending", d) for d in details])
+        log.warning(
+            "MIG mode change pending on GPU %s: NVML released so the GPU can be reset; collection resumes once "
+            "the change is done (checked every %g s)",
+            ", ".join(str(d["gpu_index"]) for d in details),
+            self.mig_recheck_s,
+        )
+        self.collector.close()
+        self.nvml.close()
+        self.released = True
+        while True:
+            if self._wait_until(self.clock() + self.mig_recheck_s, stop):
+                return False
+            try:
+                nvml = Nvml.open(self.nvml.lib)
+            except NvmlUnavailable as exc:
+                log.warning("NVML cannot be opened again yet: %s", exc)
+                continue
+            collector = Collector(nvml, clock=self.clock)
+            collector.start()
+            if collector.pending_mig_changes():
+                collector.close()
+                nvml.close()
+                continue
+            self.nvml, self.collector, self.released = nvml, collector, False
+            modes = {g.index: "enabled" if g.mig_mode else "disabled" for g in collector.gpus}
+            self._record_events(
+                [
+                    self._event("mig_mode_change_done", {**d, "now": modes.get(int(d["gpu_index"]), "gone")})
+                    for d in details
+                ]
+            )
+            log.info("MIG mode change done; collecting again from %d GPUs", len(collector.gpus))
+            return True
+
+    def _record_events(self, events: list[dict[str, Any]]) -> None:
+        try:
+            self._seal(self.batcher.add_events(events, self._current_identity().to_wire()))
+        except OSError as exc:
+            log.error("cannot write to the spool at %s: %s", self.config.state_dir, exc)
 
     def _seal(self, sealed: list[Any]) -> None:
         if sealed and self.sender is not None:

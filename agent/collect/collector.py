@@ -16,11 +16,11 @@ from functools import partial
 from ..nvml import Nvml
 from .device import DeviceSource
 from .gpm import GpmSource
-from .model import GpuInfo, Interval, Reading, SliceInfo
+from .model import Denied, GpuInfo, Interval, Reading, SliceInfo
 from .power import PowerSource
 from .source import Source
 from .topology import GpuDevice, Topology
-from .utilization import UtilizationSource
+from .utilization import POLL_S, UtilizationSource
 
 log = logging.getLogger("gpufleet.agent.collect")
 
@@ -64,6 +64,13 @@ class Collector:
         self._began = self.clock()
         self._start = self.wall_clock()
 
+    def poll(self) -> None:
+        """Read what must be read during an interval (NVML's sample buffer holds about 16 s): call it at least
+        every `POLL_S` seconds between `collect` calls."""
+        for gpu in self.gpus:
+            for source in self.sources:
+                self._guard(source.name, gpu, partial(source.poll, gpu))
+
     def collect(self) -> Interval:
         """Close the current interval and return it; the next one starts now."""
         if self._began is None or self._start is None:
@@ -73,6 +80,7 @@ class Collector:
         elapsed = max(ended - self._began, 1e-6)
         readings: dict[str, Reading] = {}
         for gpu in self.gpus:
+            gpu.denied.clear()
             layout_before = (gpu.mig_mode, frozenset(gpu.slices))
             self._guard("topology", gpu, partial(self.topology.refresh, gpu))
             if gpu.mig_mode != layout_before[0]:
@@ -88,13 +96,22 @@ class Collector:
         return interval
 
     def sample(self, seconds: float) -> Interval:
-        """Start, wait `seconds`, and return that one interval; the sources are closed afterwards."""
+        """Start, wait `seconds` (polling on the way), and return that one interval; the sources are closed
+        afterwards."""
         try:
             self.start()
-            time.sleep(seconds)
+            end = self.clock() + seconds
+            while (left := end - self.clock()) > 0:
+                time.sleep(min(left, POLL_S))
+                if end - self.clock() > 0:
+                    self.poll()
             return self.collect()
         finally:
             self.close()
+
+    def pending_mig_changes(self) -> list[GpuDevice]:
+        """GPUs whose MIG mode was changed but waits for a GPU reset (which this process's NVML use blocks)."""
+        return [gpu for gpu in self.gpus if gpu.mig_pending is not None and not gpu.lost]
 
     def layout(self) -> tuple[GpuInfo, ...]:
         return tuple(
@@ -106,6 +123,10 @@ class Collector:
                 mig_mode=gpu.mig_mode,
                 unpartitioned_slices=gpu.unpartitioned_slices if gpu.mig_mode else None,
                 util_unavailable_reason=gpu.lost or gpu.util_reason,
+                layout_complete=gpu.layout_complete or not gpu.mig_mode,
+                permission_denied=tuple(
+                    Denied(figure, call, grant) for figure, (call, grant) in sorted(gpu.denied.items())
+                ),
                 slices=tuple(
                     SliceInfo(
                         uuid=s.uuid,

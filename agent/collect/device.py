@@ -1,7 +1,8 @@
 """Point-in-time figures read at the end of each interval: memory, processes, temperature, SM clock, ECC.
 
 Memory and processes are read on whole GPUs and on each MIG slice; temperature, clock and ECC describe the
-whole board, so they are read on the GPU only.
+whole board, so they are read on the GPU only. A figure NVML refuses for lack of privilege is recorded on the
+GPU with what to grant, so the dashboard can say so.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from typing import Any
 
 from ..nvml import Absent, Nvml
 from .model import Reading
-from .source import ask
+from .privilege import DEVICE_ACCESS, MIG_MONITOR
+from .processes import ProcessReader
+from .source import PERMANENT, ask
 from .topology import GpuDevice
 
 _MIB = 1024 * 1024
@@ -25,6 +28,10 @@ class DeviceSource:
         self._temp_sensor = lib.NVML_TEMPERATURE_GPU
         self._clock_sm = lib.NVML_CLOCK_SM
         self._ecc_args = (lib.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, lib.NVML_VOLATILE_ECC)
+        self.processes = ProcessReader(nvml)
+
+    def poll(self, gpu: GpuDevice) -> None:
+        pass
 
     def prime(self, gpu: GpuDevice) -> None:
         pass
@@ -37,8 +44,10 @@ class DeviceSource:
             return
         lib, nvml, unsupported = self.nvml.lib, self.nvml, gpu.unsupported
         reading = readings[gpu.uuid]
-        reading.mem_used_mib = self._memory_used(gpu.handle, unsupported, "")
-        procs = self._processes(gpu.handle, unsupported, "")
+        # A MIG-mode GPU's own memory and processes are aggregates over its slices: the MIG monitor right.
+        grant = MIG_MONITOR if gpu.mig_mode else DEVICE_ACCESS
+        reading.mem_used_mib = self._memory_used(gpu, gpu.handle, "", "mem_used_mib", grant)
+        procs = self._processes(gpu, gpu.handle, "", "procs", grant)
         if procs is not None:
             reading.procs, reading.procs_mem_mib = procs
 
@@ -59,13 +68,13 @@ class DeviceSource:
 
         for s in gpu.slices.values():
             sr = readings[s.uuid]
-            sr.mem_used_mib = self._memory_used(s.handle, unsupported, "mig:")
-            slice_procs = self._processes(s.handle, unsupported, "mig:")
+            sr.mem_used_mib = self._memory_used(gpu, s.handle, "mig:", "slice_memory", DEVICE_ACCESS)
+            slice_procs = self._processes(gpu, s.handle, "mig:", "slice_procs", DEVICE_ACCESS)
             if slice_procs is not None:
                 sr.procs, sr.procs_mem_mib = slice_procs
 
-    def _memory_used(self, handle: Any, unsupported: set[str], scope: str) -> int | None:
-        lib, nvml = self.nvml.lib, self.nvml
+    def _memory_used(self, gpu: GpuDevice, handle: Any, scope: str, figure: str, grant: str) -> int | None:
+        lib, nvml, unsupported = self.nvml.lib, self.nvml, gpu.unsupported
         info: Any = Absent("not_supported")
         if f"{scope}memory_v2" not in unsupported:
             info = ask(
@@ -78,21 +87,27 @@ class DeviceSource:
             )
         if isinstance(info, Absent) and f"{scope}memory_v2" in unsupported:
             info = ask(nvml, unsupported, lib.nvmlDeviceGetMemoryInfo, handle, key=f"{scope}memory_v1")
-        return None if isinstance(info, Absent) else int(info.used) // _MIB
-
-    def _processes(self, handle: Any, unsupported: set[str], scope: str) -> tuple[int, int | None] | None:
-        """(compute processes, MiB they hold); the MiB is None when the driver hides per-process memory."""
-        lib, nvml = self.nvml.lib, self.nvml
-        procs = ask(nvml, unsupported, lib.nvmlDeviceGetComputeRunningProcesses, handle, key=f"{scope}procs")
-        if isinstance(procs, Absent) and procs.reason == "library_mismatch":
-            fallback = getattr(lib, "nvmlDeviceGetComputeRunningProcesses_v2", None)
-            if fallback is not None:
-                procs = ask(nvml, unsupported, fallback, handle, key=f"{scope}procs_v2")
-        if isinstance(procs, Absent):
+        if isinstance(info, Absent):
+            if info.reason == "no_permission":
+                gpu.deny(figure, "nvmlDeviceGetMemoryInfo", grant)
             return None
-        held = [p.usedGpuMemory for p in procs]
-        known = [int(b) for b in held if b is not None]
-        mem = sum(known) // _MIB if known or not held else None
+        return int(info.used) // _MIB
+
+    def _processes(
+        self, gpu: GpuDevice, handle: Any, scope: str, figure: str, grant: str
+    ) -> tuple[int, int | None] | None:
+        """(compute processes, MiB they hold); the MiB is None when the driver hides per-process memory."""
+        if f"{scope}procs" in gpu.unsupported:
+            return None
+        procs = self.processes.read(handle)
+        if isinstance(procs, Absent):
+            if procs.reason in PERMANENT:
+                gpu.unsupported.add(f"{scope}procs")
+            elif procs.reason == "no_permission":
+                gpu.deny(figure, self.processes.symbol or "nvmlDeviceGetComputeRunningProcesses", grant)
+            return None
+        known = [p.used_mib for p in procs if p.used_mib is not None]
+        mem = sum(known) if len(known) == len(procs) else None
         return len(procs), mem
 
     @staticmethod

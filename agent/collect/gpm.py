@@ -4,6 +4,11 @@ GPM is the one NVML path that measures MIG slices: a sample per GPU instance at 
 the metrics between two samples are that interval's means. On a MIG slice the graphics-engine activity is
 what `util` reports (source `nvml.gpm`); on a whole GPU, `util` stays the sample-buffer figure and GPM adds
 `sm_active` and `gr_active`. Ampere MIG slices get no utilization at all, with the reason, never 0.
+
+GPU-instance ids are reused when a slice is destroyed and made again, and the new instance's counters start
+afresh, so a baseline is kept per GPU instance as identified by its MIG devices' UUIDs, never by its id alone,
+and dropped when the instance goes. (An identical instance made again in the same place gets the same UUIDs,
+which nothing outside the driver can tell apart: nvidia_gpu_exporter docs/METRICS.md.)
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from typing import Any
 
 from ..nvml import Absent, Nvml
 from .model import Reading
+from .privilege import SYS_ADMIN
 from .topology import GpuDevice
 
 GPM = "nvml.gpm"
@@ -19,6 +25,7 @@ AMPERE_MIG_REASON = "NVML cannot measure MIG slice utilization before Hopper (ne
 NO_GPM_REASON = "GPM not supported on this GPU: no per-slice utilization"
 FIRST_SAMPLE_REASON = "slice appeared during the interval: GPM needs two samples"
 MIN_GAP_S = 0.1  # NVML wants samples more than 100 ms apart
+WHOLE = "gpu"  # the baseline of the whole GPU
 
 
 class GpmSource:
@@ -35,12 +42,15 @@ class GpmSource:
     def prime(self, gpu: GpuDevice) -> None:
         if not self._supported(gpu):
             return
-        baselines: dict[Any, Any] = gpu.memo.setdefault("gpm", {})
+        baselines: dict[str, Any] = gpu.memo.setdefault("gpm", {})
         self._held.append(baselines)
-        self._take(gpu, "gpu", baselines)
+        self._take(gpu, WHOLE, None, baselines)
         if gpu.mig_mode:
-            for gi in {s.gpu_instance_id for s in gpu.slices.values()}:
-                self._take(gpu, gi, baselines)
+            for key, gi in _instances(gpu).items():
+                self._take(gpu, key, gi, baselines)
+
+    def poll(self, gpu: GpuDevice) -> None:
+        pass
 
     def read(self, gpu: GpuDevice, readings: dict[str, Reading], elapsed_s: float) -> None:
         if gpu.lost:
@@ -52,8 +62,8 @@ class GpmSource:
             return
         if elapsed_s <= MIN_GAP_S:
             return
-        baselines: dict[Any, Any] = gpu.memo.setdefault("gpm", {})
-        whole = self._measure(gpu, "gpu", baselines)
+        baselines: dict[str, Any] = gpu.memo.setdefault("gpm", {})
+        whole = self._measure(gpu, WHOLE, None, baselines)
         reading = readings[gpu.uuid]
         if not isinstance(whole, Absent):
             reading.gr_active, reading.sm_active = whole
@@ -62,12 +72,12 @@ class GpmSource:
                 gpu.util_reason = None
         if not gpu.mig_mode:
             return
-        live_gis = {s.gpu_instance_id for s in gpu.slices.values()}
-        for gone in [k for k in baselines if k != "gpu" and k not in live_gis]:
+        live = _instances(gpu)
+        for gone in [k for k in baselines if k != WHOLE and k not in live]:
             self._spare.append(baselines.pop(gone))
-        by_gi = {gi: self._measure(gpu, gi, baselines) for gi in live_gis}
+        by_key = {key: self._measure(gpu, key, gi, baselines) for key, gi in live.items()}
         for s in gpu.slices.values():
-            figures = by_gi[s.gpu_instance_id]
+            figures = by_key[_instance_key(gpu, s.gpu_instance_id)]
             if isinstance(figures, Absent):
                 s.util_reason = figures.reason
                 continue
@@ -96,30 +106,34 @@ class GpmSource:
     def _sample(self) -> Any:
         return self._spare.pop() if self._spare else self.nvml.call(self.nvml.lib.nvmlGpmSampleAlloc)
 
-    def _take(self, gpu: GpuDevice, key: Any, baselines: dict[Any, Any]) -> Any:
-        """Fill a fresh sample for the GPU ("gpu") or one GPU instance (its id); Absent on failure."""
+    def _take(self, gpu: GpuDevice, key: str, gi: int | None, baselines: dict[str, Any]) -> Any:
+        """Fill a fresh sample for the whole GPU (`gi` None) or one GPU instance; Absent on failure."""
         lib = self.nvml.lib
         sample = self._sample()
         if isinstance(sample, Absent):
             return sample
-        if key == "gpu":
+        if gi is None:
             got = self.nvml.call(lib.nvmlGpmSampleGet, gpu.handle, sample)
         else:
-            got = self.nvml.call(lib.nvmlGpmMigSampleGet, gpu.handle, key, sample)
+            got = self.nvml.call(lib.nvmlGpmMigSampleGet, gpu.handle, gi, sample)
         if isinstance(got, Absent):
             self._spare.append(sample)
             if got.reason == "gpu_lost":
                 gpu.lost = got.reason
+            elif got.reason == "no_permission":
+                call = "nvmlGpmSampleGet" if gi is None else "nvmlGpmMigSampleGet"
+                for figure in ("sm_active", "gr_active") if gi is None else ("util", "sm_active", "gr_active"):
+                    gpu.deny(figure, call, SYS_ADMIN)
             return got
         old = baselines.get(key)
         baselines[key] = sample
         return old
 
     def _measure(
-        self, gpu: GpuDevice, key: Any, baselines: dict[Any, Any]
+        self, gpu: GpuDevice, key: str, gi: int | None, baselines: dict[str, Any]
     ) -> tuple[float | None, float | None] | Absent:
         """(graphics-engine %, SM %) between the previous sample of `key` and a new one."""
-        old = self._take(gpu, key, baselines)
+        old = self._take(gpu, key, gi, baselines)
         if isinstance(old, Absent):
             return old
         if old is None:
@@ -149,3 +163,14 @@ class GpmSource:
             ok = int(entry.nvmlReturn) == 0 and 0 <= entry.value <= 100.5
             values.append(min(100.0, float(entry.value)) if ok else None)
         return values[0], values[1]
+
+
+def _instance_key(gpu: GpuDevice, gi: int) -> str:
+    """What identifies a GPU instance across intervals: the UUIDs of its MIG devices."""
+    return "gi:" + ",".join(sorted(s.uuid for s in gpu.slices.values() if s.gpu_instance_id == gi))
+
+
+def _instances(gpu: GpuDevice) -> dict[str, int]:
+    """The live GPU instances of a MIG-mode GPU: identity -> GPU-instance id."""
+    ids = {s.gpu_instance_id for s in gpu.slices.values()}
+    return {_instance_key(gpu, gi): gi for gi in ids}

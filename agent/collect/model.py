@@ -15,7 +15,8 @@ class SliceInfo:
     gpu_instance_id: int
     compute_instance_id: int
     profile: str
-    compute_slices: int
+    compute_slices: int | None
+    """None when the slice's size could not be read (profile "unknown")."""
     memory_total_mib: int | None
     util_unavailable_reason: str | None = None
 
@@ -34,8 +35,24 @@ class SliceInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class Denied:
+    """A figure NVML refused at the agent's privilege: which, the refusing call, and what to grant
+    (`privilege.GRANTS`)."""
+
+    figure: str
+    call: str
+    grant: str
+
+    def to_wire(self) -> dict[str, str]:
+        return {"figure": self.figure, "call": self.call, "grant": self.grant}
+
+
+@dataclass(frozen=True, slots=True)
 class GpuInfo:
-    """A physical GPU and, in MIG mode, its slices and the compute slices that belong to no GPU instance."""
+    """A physical GPU and, in MIG mode, its slices and the compute slices that belong to no GPU instance.
+
+    `layout_complete` is False when a MIG device exists that could not be identified or sized: its free
+    capacity (`unpartitioned_slices`) is then unknown. `permission_denied` lists what NVML refused."""
 
     uuid: str
     index: int
@@ -45,6 +62,8 @@ class GpuInfo:
     unpartitioned_slices: int | None
     util_unavailable_reason: str | None
     slices: tuple[SliceInfo, ...] = ()
+    layout_complete: bool = True
+    permission_denied: tuple[Denied, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         wire = _strip(
@@ -59,6 +78,11 @@ class GpuInfo:
             }
         )
         wire["slices"] = [s.to_wire() for s in self.slices]
+        # Sent only when there is something to say, so a plain GPU's description stays as it was.
+        if not self.layout_complete:
+            wire["layout_complete"] = False
+        if self.permission_denied:
+            wire["permission_denied"] = [d.to_wire() for d in self.permission_denied]
         return wire
 
 

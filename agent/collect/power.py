@@ -22,6 +22,9 @@ class PowerSource:
         self.nvml = nvml
         self.clock = clock
 
+    def poll(self, gpu: GpuDevice) -> None:
+        pass
+
     def prime(self, gpu: GpuDevice) -> None:
         if gpu.lost:
             return

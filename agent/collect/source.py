@@ -12,17 +12,20 @@ from .topology import GpuDevice
 T = TypeVar("T")
 
 # Answers that mean "this device will never give this figure": stop asking until the layout changes.
-_PERMANENT = frozenset({"not_supported", "function_not_found"})
+PERMANENT = frozenset({"not_supported", "function_not_found"})
 
 
 class Source(Protocol):
     """One origin of figures (one NVML feature). `prime` sets a baseline at the start of an interval;
-    `read` fills readings at its end and makes the end the next baseline. Both handle one GPU (and its
-    slices), so one GPU's failure never reaches another."""
+    `poll` may be called any number of times during it (to read a buffer before it wraps); `read` fills
+    readings at its end and makes the end the next baseline. All handle one GPU (and its slices), so one GPU's
+    failure never reaches another."""
 
     name: str
 
     def prime(self, gpu: GpuDevice) -> None: ...
+
+    def poll(self, gpu: GpuDevice) -> None: ...
 
     def read(self, gpu: GpuDevice, readings: dict[str, Reading], elapsed_s: float) -> None: ...
 
@@ -37,6 +40,6 @@ def ask(
     if name in unsupported:
         return Absent("not_supported")
     value = nvml.call(fn, *args, **kwargs)
-    if isinstance(value, Absent) and value.reason in _PERMANENT:
+    if isinstance(value, Absent) and value.reason in PERMANENT:
         unsupported.add(name)
     return value

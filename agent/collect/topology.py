@@ -1,21 +1,22 @@
-"""Which GPUs and MIG slices exist right now.
+"""Which GPUs and MIG slices exist right now, and whether a MIG mode change waits for a GPU reset.
 
 GPU handles live as long as NVML is initialised. MIG handles die with their instance, so slices are
 re-enumerated every interval; a slice is recognised by its UUID, and only a new UUID costs the calls that
-describe it (ids, attributes).
+describe it (ids, name, attributes). A MIG device that cannot be described is still reported, with an unknown
+profile; one that cannot even be identified leaves the GPU's layout incomplete. Either way the GPU's free
+capacity becomes unknown, never counted free.
 """
 
 from __future__ import annotations
 
-import math
-import os
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any
 
 from ..nvml import Absent, Nvml, text
+from . import profiles
 
 MIG_SLICES = 7  # compute slices per MIG-capable GPU
+UNKNOWN_PROFILE = "unknown"
 ARCH_HOPPER = 9
 _MIB = 1024 * 1024
 
@@ -30,8 +31,8 @@ class SliceDevice:
     gpu_instance_id: int
     compute_instance_id: int
     profile: str
-    compute_slices: int
-    gpu_instance_slices: int
+    compute_slices: int | None
+    gpu_instance_slices: int | None
     memory_total_mib: int | None
     util_reason: str | None = None
     memo: dict[str, Any] = field(default_factory=dict)
@@ -49,12 +50,20 @@ class GpuDevice:
     memory_total_mib: int | None
     mig_capable: bool
     mig_mode: bool = False
+    mig_pending: bool | None = None
+    """A MIG mode requested but waiting for a GPU reset; None when none is."""
     slices: dict[str, SliceDevice] = field(default_factory=dict)
     unpartitioned_slices: int | None = None
+    layout_complete: bool = True
     util_reason: str | None = None
     lost: str | None = None
     unsupported: set[str] = field(default_factory=set)
+    denied: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Figures NVML refused at this privilege in the current interval: figure -> (call, what to grant)."""
     memo: dict[str, Any] = field(default_factory=dict)
+
+    def deny(self, figure: str, call: str, grant: str) -> None:
+        self.denied[figure] = (call, grant)
 
     @property
     def is_hopper_or_newer(self) -> bool:
@@ -109,12 +118,16 @@ class Topology:
                 gpu.lost = mode.reason
             return
         gpu.mig_mode = int(mode[0]) == 1
+        gpu.mig_pending = None if int(mode[1]) == int(mode[0]) else int(mode[1]) == 1
+        gpu.layout_complete = True
         if not gpu.mig_mode:
             gpu.slices.clear()
             gpu.unpartitioned_slices = None
             return
         count = nvml.call(lib.nvmlDeviceGetMaxMigDeviceCount, gpu.handle)
         if isinstance(count, Absent):
+            gpu.layout_complete = False
+            gpu.unpartitioned_slices = None
             return
         seen: dict[str, SliceDevice] = {}
         for j in range(count):
@@ -123,50 +136,65 @@ class Topology:
             if isinstance(handle, Absent):
                 if handle.reason not in ("not_found", "invalid_argument"):
                     nvml.errors[f"nvmlDeviceGetMigDeviceHandleByIndex:{handle.reason}"] += 1
+                    gpu.layout_complete = False
                 continue
             uuid = nvml.call(lib.nvmlDeviceGetUUID, handle)
             if isinstance(uuid, Absent):
+                gpu.layout_complete = False
                 continue
             key = text(uuid)
             known = gpu.slices.get(key)
-            if known is not None:
+            if known is not None and known.compute_slices is not None:
                 known.handle = handle
                 seen[key] = known
                 continue
             described = self._describe_slice(gpu, handle, key)
-            if described is not None:
-                seen[key] = described
+            if described is None:
+                gpu.layout_complete = False
+                continue
+            seen[key] = described
         gpu.slices = seen
-        used: dict[int, int] = {}
-        for s in seen.values():
-            used[s.gpu_instance_id] = s.gpu_instance_slices
-        gpu.unpartitioned_slices = max(0, MIG_SLICES - sum(used.values()))
+        gpu.unpartitioned_slices = _unpartitioned(gpu)
 
     def _describe_slice(self, gpu: GpuDevice, handle: Any, uuid: str) -> SliceDevice | None:
+        """A MIG device's place (GPU and compute instance ids) and size; None when even its place is unknown.
+
+        The profile comes from the device's name where it carries one, else from its attributes; with neither,
+        the slice is kept with an unknown profile, since its capacity is in use by something.
+        """
         lib, nvml = self.nvml.lib, self.nvml
         gi = nvml.call(lib.nvmlDeviceGetGpuInstanceId, handle)
         ci = nvml.call(lib.nvmlDeviceGetComputeInstanceId, handle)
-        attrs = nvml.call(lib.nvmlDeviceGetAttributes, handle)
-        if isinstance(gi, Absent) or isinstance(ci, Absent) or isinstance(attrs, Absent):
+        if isinstance(gi, Absent) or isinstance(ci, Absent):
             return None
-        gi_slices = int(attrs.gpuInstanceSliceCount)
-        ci_slices = int(attrs.computeInstanceSliceCount) or gi_slices
-        memory_mib = int(attrs.memorySizeMB) or None
-        profile = profile_name(gpu.name, gpu.memory_total_mib, gi_slices, memory_mib)
-        if ci_slices < gi_slices:
-            # Several compute instances share this GPU instance (and its memory); name it as nvidia-smi does.
-            profile = f"{ci_slices}c.{profile}"
-        return SliceDevice(
-            handle=handle,
-            uuid=uuid,
-            parent=gpu,
-            gpu_instance_id=int(gi),
-            compute_instance_id=int(ci),
-            profile=profile,
-            compute_slices=ci_slices,
-            gpu_instance_slices=gi_slices,
-            memory_total_mib=memory_mib,
-        )
+        name = nvml.call(lib.nvmlDeviceGetName, handle)
+        attrs = nvml.call(lib.nvmlDeviceGetAttributes, handle)
+        memory_mib = None if isinstance(attrs, Absent) else int(attrs.memorySizeMB) or None
+        named = None if isinstance(name, Absent) else profiles.from_device_name(text(name))
+        if named is not None:
+            profile, ci_slices, gi_slices = named
+        elif not isinstance(attrs, Absent):
+            gi_slices = int(attrs.gpuInstanceSliceCount)
+            ci_slices = int(attrs.computeInstanceSliceCount) or gi_slices
+            profile = profiles.from_size(gpu.name, gpu.memory_total_mib, gi_slices, memory_mib)
+            if ci_slices < gi_slices:
+                # Several compute instances share this GPU instance (and its memory); name it as nvidia-smi does.
+                profile = f"{ci_slices}c.{profile}"
+        else:
+            return SliceDevice(handle, uuid, gpu, int(gi), int(ci), UNKNOWN_PROFILE, None, None, None)
+        return SliceDevice(handle, uuid, gpu, int(gi), int(ci), profile, ci_slices, gi_slices, memory_mib)
+
+
+def _unpartitioned(gpu: GpuDevice) -> int | None:
+    """Compute slices in no GPU instance; None (unknown) when a slice's size or the layout is not known."""
+    if not gpu.layout_complete:
+        return None
+    used: dict[int, int] = {}
+    for s in gpu.slices.values():
+        if s.gpu_instance_slices is None:
+            return None
+        used[s.gpu_instance_id] = s.gpu_instance_slices
+    return max(0, MIG_SLICES - sum(used.values()))
 
 
 def _memory_info(nvml: Nvml, handle: Any) -> Any:
@@ -174,49 +202,5 @@ def _memory_info(nvml: Nvml, handle: Any) -> Any:
     lib = nvml.lib
     info = nvml.quiet(lib.nvmlDeviceGetMemoryInfo, handle, version=lib.nvmlMemory_v2)
     if isinstance(info, Absent):
-        info = nvml.call(lib.nvmlDeviceGetMemoryInfo, handle)
+        info = nvml.quiet(lib.nvmlDeviceGetMemoryInfo, handle)
     return info
-
-
-@cache
-def _profile_table() -> dict[str, list[tuple[int, int, str]]]:
-    """GPU model -> [(compute slices, nominal GB, profile name)] from the shipped MIG profile table."""
-    # A plain read: importlib.resources and csv would cost the agent more memory than the table itself.
-    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "mig-profiles.csv")
-    with open(path, encoding="utf-8") as f:
-        header, *rows = (line.strip().split(",") for line in f if line.strip())
-    col = {name: i for i, name in enumerate(header)}
-    table: dict[str, list[tuple[int, int, str]]] = {}
-    for row in rows:
-        if row[col["profile"]].endswith("+me"):
-            continue  # media-extension profiles look the same through NVML's attributes
-        table.setdefault(row[col["gpu_model"]], []).append(
-            (int(row[col["compute_slices_of_7"]]), int(row[col["memory_gb"]]), row[col["profile"]])
-        )
-    return table
-
-
-def _gpu_model(name: str, memory_total_mib: int | None) -> str | None:
-    if "H200" in name:
-        return "H200-141GB"
-    if "H100" in name:
-        return "H100-80GB"
-    if "A100" in name:
-        return "A100-40GB" if memory_total_mib is not None and memory_total_mib < 60 * 1024 else "A100-80GB"
-    return None
-
-
-def profile_name(gpu_name: str, gpu_memory_mib: int | None, compute_slices: int, memory_mib: int | None) -> str:
-    """The MIG profile name (`3g.40gb`) from what NVML tells without privileges: slices and memory size.
-
-    The exact profile id needs root, so the name is matched against the known profiles of the GPU model by
-    slice count and nearest memory size; an unknown model gets memory rounded up to whole GB.
-    """
-    if memory_mib is None:
-        return f"{compute_slices}g"
-    gb = memory_mib / 1024
-    model = _gpu_model(gpu_name, gpu_memory_mib)
-    candidates = [c for c in _profile_table().get(model or "", []) if c[0] == compute_slices]
-    if candidates:
-        return min(candidates, key=lambda c: abs(c[1] - gb))[2]
-    return f"{compute_slices}g.{math.ceil(gb)}gb"

@@ -5,6 +5,7 @@ import itertools
 import json
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -48,3 +49,54 @@ def test_the_loop_keeps_its_cadence_when_collection_is_slow(tmp_path: Path, monk
     gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(starts)]
     assert all(abs(g - d["duration_s"]) < 0.002 for g, d in zip(gaps, intervals, strict=False)), "back to back"
     assert sum(gaps) / len(gaps) == pytest.approx(interval_s, abs=0.01)
+
+
+def _wait_for(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_pending_mig_mode_change_releases_nvml_until_it_is_done(tmp_path: Path) -> None:
+    """Enabling MIG on an A100 waits for a GPU reset, which an open NVML client blocks. The agent lets go of NVML,
+    says why, and picks up the new layout once the change is done."""
+    lib = fake_nvml.load("p4d-mig")
+    config = AgentConfig(state_dir=tmp_path, interval_s=0.1, batch_intervals=1000, imds="off", host_id="h")
+    agent = Agent(config, Nvml.open(lib), IdentityResolver(config), mig_recheck_s=0.2)
+    stop = threading.Event()
+    worker = threading.Thread(target=agent.run, args=(stop,))
+    worker.start()
+    try:
+        _wait_for(lambda: agent.intervals >= 3)
+        lib.request_mig_mode(4, True)
+        with pytest.raises(fake_nvml.InUse):
+            lib.reset_gpu(4)  # the agent still holds NVML: an administrator's reset fails
+        _wait_for(lambda: agent.released and lib.clients == 0)
+        lib.reset_gpu(4)
+        lib.create_gpu_instance(4, "3g.20gb")
+        _wait_for(lambda: not agent.released and agent.collector.gpus[4].mig_mode)
+        collected = agent.intervals
+        _wait_for(lambda: agent.intervals >= collected + 2)
+    finally:
+        stop.set()
+        worker.join(10)
+    batches = []
+    for sealed in agent.spool.pending():
+        body = agent.spool.read(sealed)
+        assert body is not None
+        batches.append(json.loads(gzip.decompress(body)))
+    events = [e for b in batches for e in b["events"]]
+    [pending] = [e for e in events if e["kind"] == "mig_mode_change_pending"]
+    assert pending["details"] == {
+        "gpu_index": 4,
+        "gpu_uuid": batches[0]["gpus"][4]["uuid"],
+        "current": "disabled",
+        "pending": "enabled",
+    }
+    [done] = [e for e in events if e["kind"] == "mig_mode_change_done"]
+    assert done["details"]["now"] == "enabled"
+    gpu4 = batches[-1]["gpus"][4]
+    assert gpu4["mig_mode"] and [s["profile"] for s in gpu4["slices"]] == ["3g.20gb"]
+    assert gpu4["unpartitioned_slices"] == 4
+    assert batches[-1]["intervals"], "collecting again"

@@ -5,7 +5,7 @@ from collections.abc import Callable
 import pynvml
 import pytest
 
-from agent import fake_nvml
+from agent.collect import Interval
 
 from .conftest import Host
 
@@ -47,11 +47,50 @@ def test_ecc_off_is_absent_and_counted_once(host: Callable[[str], Host]) -> None
     assert h.nvml.take_errors() == {"nvmlDeviceGetTotalEccErrors:not_supported": 1}
 
 
-def test_an_old_driver_without_the_v3_process_call_falls_back(host: Callable[[str], Host]) -> None:
-    h = host("g6e-busy")
-    h.lib.fail("nvmlDeviceGetComputeRunningProcesses", fake_nvml.LIBRARY_MISMATCH)
+def _process_figures(h: Host, interval: Interval) -> dict[str, tuple[object, object]]:
+    return {r.uuid: (r.procs, r.procs_mem_mib) for r in interval.readings}
+
+
+def _true_process_figures(h: Host, interval: Interval) -> dict[str, tuple[object, object]]:
+    t1 = h.clock.t
+    truth = h.lib.truth(t1 - interval.duration_s, t1)
+    return {uuid: (t.procs, t.procs_mem_mib) for uuid, t in truth.items()}
+
+
+@pytest.mark.parametrize(
+    ("driver", "symbol", "record_bytes"),
+    [
+        ("470.256.02", "nvmlDeviceGetComputeRunningProcesses_v2", 24),
+        ("535.54.03", "nvmlDeviceGetComputeRunningProcesses_v3", 32),
+        ("535.98", "nvmlDeviceGetComputeRunningProcesses_v2", 24),
+        ("535.183.01", "nvmlDeviceGetComputeRunningProcesses_v3", 24),
+        ("550.127.05", "nvmlDeviceGetComputeRunningProcesses_v3", 24),
+        ("550.127.08", "nvmlDeviceGetComputeRunningProcesses_v3", 16),
+        ("570.172.08", "nvmlDeviceGetComputeRunningProcesses_v3", 24),
+        ("580.105.08", "nvmlDeviceGetComputeRunningProcesses_v3", 24),
+    ],
+)
+def test_process_counts_and_memory_are_right_on_every_driver_layout(
+    host: Callable[..., Host], driver: str, symbol: str, record_bytes: int
+) -> None:
+    """The drivers write the records of one entry point in three sizes; the agent reads each one right, on whole
+    GPUs (several processes each) and on MIG slices."""
+    h = host("p4d-mig", driver=driver)
     interval = h.interval()
-    assert all(h.reading(interval, g.uuid)["procs"] == 1 or h.reading(interval, g.uuid)["procs"] for g in interval.gpus)
+    assert _process_figures(h, interval) == _true_process_figures(h, interval)
+    reader = h.collector.sources[0].processes  # type: ignore[attr-defined]
+    assert (reader.symbol, reader.record_bytes) == (symbol, record_bytes)
+    assert h.nvml.take_errors() == {}
+
+
+def test_the_binding_s_own_reader_misreads_early_r535_records(host: Callable[..., Host]) -> None:
+    """Why the agent reads the C entry point itself: nvidia-ml-py reads fixed-size records, and 535.43-535.86
+    wrote bigger ones, so every record after the first is misread (XuehaiPan/nvitop#75)."""
+    h = host("p4d-mig", driver="535.54.03")
+    listed = h.lib.nvmlDeviceGetComputeRunningProcesses(h.lib.nvmlDeviceGetHandleByIndex(4))
+    true_pids = sorted(p.pid for p in h.lib._gpus[4].procs)
+    assert len(listed) == 2 and sorted(p.pid for p in listed) != true_pids
+    assert listed[1].pid == 0 or listed[1].usedGpuMemory != h.lib._gpus[4].procs[1].used_bytes
 
 
 def test_an_old_driver_without_the_versioned_temperature_call_falls_back(host: Callable[[str], Host]) -> None:
@@ -66,7 +105,7 @@ def test_an_old_driver_without_the_versioned_temperature_call_falls_back(host: C
     [
         "nvmlDeviceGetMemoryInfo",
         "nvmlDeviceGetClockInfo",
-        "nvmlDeviceGetComputeRunningProcesses",
+        "nvmlDeviceGetComputeRunningProcesses_v3",
         "nvmlDeviceGetTemperatureV",
         "nvmlDeviceGetTotalEccErrors",
     ],

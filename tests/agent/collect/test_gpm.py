@@ -4,7 +4,7 @@ from collections.abc import Callable
 
 import pynvml
 
-from agent.collect.gpm import AMPERE_MIG_REASON
+from agent.collect.gpm import AMPERE_MIG_REASON, FIRST_SAMPLE_REASON
 
 from .conftest import Host
 
@@ -78,3 +78,32 @@ def test_gpm_samples_are_reused_not_leaked(host: Callable[[str], Host]) -> None:
     assert h.lib.calls["nvmlGpmSampleAlloc"] == allocated
     h.collector.close()
     assert h.lib.calls["nvmlGpmSampleFree"] == allocated
+
+
+def test_a_gpu_instance_made_again_under_the_same_id_is_not_diffed_against_the_old_one(
+    host: Callable[[str], Host],
+) -> None:
+    """GPU-instance ids are reused. The new instance's counters start at zero, so a baseline of the old instance
+    (same id) gives a wrong figure; baselines follow the instance's MIG device UUIDs instead."""
+    h = host("p5-mig")
+    gpu = 5  # four 1g.20gb instances, ids 9-12
+    h.lib.set_load(gpu, 90.0, slice_index=1)
+    h.interval()
+    busy = h.interval()
+    [old] = [s for s in busy.gpus[gpu].slices if s.gpu_instance_id == 10]
+    assert h.reading(busy, old.uuid)["util"] == 90.0
+
+    h.lib.destroy_gpu_instance(gpu, 10)
+    assert h.lib.create_gpu_instance(gpu, "2g.20gb", gi_id=10) == 10
+    [index] = [i for i, dev in h.lib._gpus[gpu].mig.items() if dev.gi.gi_id == 10]
+    h.lib.set_load(gpu, 10.0, slice_index=index)
+    remade = h.interval()
+    [new] = [s for s in remade.gpus[gpu].slices if s.gpu_instance_id == 10]
+    assert (new.profile, new.uuid != old.uuid) == ("2g.20gb", True)
+    assert "util" not in h.reading(remade, new.uuid), "a figure from two different instances"
+    assert new.util_unavailable_reason == FIRST_SAMPLE_REASON
+
+    settled = h.interval()
+    assert h.reading(settled, new.uuid)["util"] == 10.0
+    live = {s.gpu_instance_id for s in settled.gpus[gpu].slices}
+    assert len(h.collector.gpus[gpu].memo["gpm"]) == len(live) + 1, "baselines of gone instances are dropped"

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import pytest
+import pynvml
 
-from agent.collect.topology import profile_name
+from agent.collect.topology import UNKNOWN_PROFILE
 
 from .conftest import Host
 
@@ -44,22 +44,6 @@ def test_slices_are_described_once_and_re_enumerated_every_interval(host: Callab
     assert h.lib.calls["nvmlDeviceGetMigDeviceHandleByIndex"] > enumerated
 
 
-@pytest.mark.parametrize(
-    ("gpu", "gpu_mib", "slices", "mib", "expected"),
-    [
-        ("NVIDIA A100-SXM4-40GB", 40960, 1, 4864, "1g.5gb"),
-        ("NVIDIA A100-SXM4-40GB", 40960, 1, 9728, "1g.10gb"),
-        ("NVIDIA A100-SXM4-80GB", 81920, 3, 40192, "3g.40gb"),
-        ("NVIDIA H100 80GB HBM3", 81559, 7, 80896, "7g.80gb"),
-        ("NVIDIA H100 80GB HBM3", 81559, 1, 19968, "1g.20gb"),
-        ("NVIDIA H200", 143771, 2, 35840, "2g.35gb"),
-        ("NVIDIA B200", 183359, 2, 45568, "2g.45gb"),
-    ],
-)
-def test_profile_names(gpu: str, gpu_mib: int, slices: int, mib: int, expected: str) -> None:
-    assert profile_name(gpu, gpu_mib, slices, mib) == expected
-
-
 def test_non_mig_gpus_report_no_slices(host: Callable[[str], Host]) -> None:
     for scenario in ("p5", "g5-idle", "g6e-busy"):
         gpus = host(scenario).interval().gpus
@@ -69,3 +53,81 @@ def test_non_mig_gpus_report_no_slices(host: Callable[[str], Host]) -> None:
 def test_a_host_without_gpus_gives_empty_intervals(host: Callable[[str], Host]) -> None:
     interval = host("no-gpu").interval()
     assert interval.gpus == () and interval.readings == []
+
+
+def test_an_unprivileged_p4d_names_a100_40gb_profiles_and_loses_no_slice(host: Callable[[str], Host]) -> None:
+    """Without the MIG monitor capability the parents' memory is refused: the profile must not be guessed from
+    an assumed 80 GB A100 (1g.5gb was reported as 1g.10gb, 3g.20gb as 3g.40gb)."""
+    h = host("p4d-mig-unprivileged")
+    gpus = h.interval().gpus
+    assert [g.memory_total_mib for g in gpus[:4]] == [None] * 4
+    profiles = sorted({s.profile for g in gpus for s in g.slices})
+    assert profiles == ["1c.2g.10gb", "1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb"]
+    assert sum(len(g.slices) for g in gpus) == 15
+    assert [g.unpartitioned_slices for g in gpus[:4]] == [0, 1, 0, 2]
+
+
+def test_the_profile_comes_from_the_device_name_before_its_size(host: Callable[[str], Host]) -> None:
+    h = host("p4d-mig-unprivileged")
+    h.lib.fail("nvmlDeviceGetAttributes", pynvml.NVML_ERROR_NOT_SUPPORTED)
+    gpus = h.interval().gpus
+    assert sorted(s.profile for s in gpus[1].slices) == ["1g.5gb", "2g.10gb", "3g.20gb"]
+    assert [(s.compute_slices, s.memory_total_mib) for s in gpus[3].slices if s.gpu_instance_id == 3] == [(1, None)] * 2
+    assert gpus[1].unpartitioned_slices == 1
+
+
+def test_a_slice_that_cannot_be_described_is_reported_unknown_and_its_capacity_is_not_free(
+    host: Callable[[str], Host],
+) -> None:
+    """A slice whose name and attributes cannot be read used to vanish, its compute slices counted free."""
+    h = host("p4d-mig")
+    for call in ("nvmlDeviceGetAttributes", "nvmlDeviceGetName"):
+        h.lib.fail(call, pynvml.NVML_ERROR_UNKNOWN, gpu=2, slice_index=1)
+    gpu = h.interval().gpus[2]
+    assert len(gpu.slices) == 2
+    unknown = [s for s in gpu.slices if s.profile == UNKNOWN_PROFILE]
+    assert [(s.gpu_instance_id, s.compute_slices, s.memory_total_mib) for s in unknown] == [(2, None, None)]
+    assert gpu.unpartitioned_slices is None, "free capacity is unknown, not 3 compute slices"
+    assert gpu.layout_complete
+    wire = gpu.to_wire()
+    assert "unpartitioned_slices" not in wire and "compute_slices" not in wire["slices"][1]
+
+    h.lib.clear_failures()
+    healed = h.interval().gpus[2]
+    assert sorted(s.profile for s in healed.slices) == ["3g.20gb", "4g.20gb"]
+    assert healed.unpartitioned_slices == 0
+
+
+def test_a_mig_device_that_cannot_be_identified_leaves_the_layout_incomplete(host: Callable[[str], Host]) -> None:
+    h = host("p4d-mig")
+    h.lib.fail("nvmlDeviceGetMigDeviceHandleByIndex", pynvml.NVML_ERROR_UNKNOWN, gpu=1, slice_index=2)
+    gpu = h.interval().gpus[1]
+    assert len(gpu.slices) == 2
+    assert not gpu.layout_complete and gpu.unpartitioned_slices is None
+    assert gpu.to_wire()["layout_complete"] is False
+
+
+def test_a_hopper_gpu_switches_mig_mode_without_a_reset_and_its_new_slices_are_measured(
+    host: Callable[[str], Host],
+) -> None:
+    h = host("p5")
+    h.interval()
+    h.lib.request_mig_mode(0, True)  # Hopper: no GPU reset, nothing pending (NVIDIA MIG user guide)
+    empty = h.interval().gpus[0]
+    assert (empty.mig_mode, empty.slices, empty.unpartitioned_slices) == (True, (), 7)
+    assert h.collector.pending_mig_changes() == []
+    h.lib.create_gpu_instance(0, "3g.40gb")
+    h.interval()
+    interval = h.interval()
+    [s] = interval.gpus[0].slices
+    assert (s.profile, s.compute_slices, interval.gpus[0].unpartitioned_slices) == ("3g.40gb", 3, 4)
+    assert h.reading(interval, s.uuid)["util_source"] == "nvml.gpm"
+
+
+def test_an_ampere_mig_request_stays_pending_until_a_reset(host: Callable[[str], Host]) -> None:
+    h = host("p4d-mig")
+    h.interval()
+    h.lib.request_mig_mode(5, True)
+    gpu = h.interval().gpus[5]
+    assert not gpu.mig_mode
+    assert [(g.index, g.mig_pending) for g in h.collector.pending_mig_changes()] == [(5, True)]
