@@ -53,6 +53,11 @@ def _parser() -> argparse.ArgumentParser:
     install.add_argument("--start", action="store_true", help="start the service now, not only at next boot")
     install.add_argument("--no-enable", action="store_true", help="write the files only")
     install.add_argument("--force", action="store_true", help="overwrite an existing env file")
+    install.add_argument(
+        "--profiling",
+        action="store_true",
+        help="also give the agent CAP_SYS_ADMIN (a drop-in) for GPM: SM activity and H100/H200 slice utilization",
+    )
     install.add_argument("--root", type=Path, default=Path("/"), help="install into this root (image builds)")
     install.add_argument(
         "--exec-path", help="absolute path of gpufleet-agent as the unit will see it (default: this program)"
@@ -196,6 +201,7 @@ def cmd_install(args: argparse.Namespace) -> int:
             force=args.force,
             enable=not args.no_enable,
             start=args.start,
+            profiling=args.profiling,
         )
     except InstallError as exc:
         raise CliError(str(exc), EXIT_FAIL) from None

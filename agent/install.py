@@ -25,6 +25,7 @@ UNIT_NAME = "gpufleet-agent.service"
 UNIT_FILE = Path("etc/systemd/system") / UNIT_NAME
 ENV_FILE = Path("etc/gpufleet/agent.env")
 WANTS_LINK = Path("etc/systemd/system/multi-user.target.wants") / UNIT_NAME
+PROFILING_DROP_IN = Path("etc/systemd/system") / f"{UNIT_NAME}.d" / "profiling.conf"
 PLACEHOLDER = "@EXEC_START@"
 
 # Written unquoted into agent.env, which both systemd and the agent read: keep out what either would
@@ -207,11 +208,13 @@ def install(
     force: bool = False,
     enable: bool = True,
     start: bool = False,
+    profiling: bool = False,
     systemctl: Systemctl | None = None,
 ) -> InstallResult:
     """Install the unit and settings under `root`; on the running system (`root` is /) also tell systemd.
 
     An existing settings file is kept unless `force`. The state directory is left to systemd's StateDirectory=.
+    With `profiling`, a drop-in gives the agent CAP_SYS_ADMIN for GPM; without, an existing one is kept.
     """
     live = _is_live(root)
     if live and os.geteuid() != 0:
@@ -226,6 +229,11 @@ def install(
     unit = render_unit(exec_path)
 
     actions = [_write(root / UNIT_FILE, unit, 0o644)]
+    drop_in = root / PROFILING_DROP_IN
+    if profiling:
+        actions.append(_write(drop_in, _resource("profiling.conf"), 0o644))
+    elif drop_in.exists():
+        actions.append(f"kept existing {drop_in} (CAP_SYS_ADMIN for GPM; delete it to take that back)")
     env_file = root / ENV_FILE
     if os.path.lexists(env_file) and not force:
         note = ""

@@ -142,6 +142,17 @@ class Gpu(Base):
     util_reason: Mapped[str | None] = mapped_column(Text, comment="Why utilization is absent, if it is.")
     first_seen: Mapped[datetime] = mapped_column(TZ)
     updated_at: Mapped[datetime] = mapped_column(TZ)
+    # Added by migration 0007, which appends them.
+    layout_complete: Mapped[bool] = mapped_column(
+        Boolean,
+        server_default=text("true"),
+        comment="False when the agent found a MIG device it could not size: free MIG capacity unknown.",
+    )
+    permission_denied: Mapped[list[dict[str, str]]] = mapped_column(
+        JSONB,
+        server_default=text("'[]'::jsonb"),
+        comment="Figures NVML refused at the agent's privilege, as last reported: [{figure, call, grant}].",
+    )
 
 
 class MigSlice(Base):
@@ -167,7 +178,9 @@ class MigSlice(Base):
     gpu_instance_id: Mapped[int] = mapped_column(Integer)
     compute_instance_id: Mapped[int] = mapped_column(Integer)
     profile: Mapped[str] = mapped_column(String(32))
-    compute_slices: Mapped[int] = mapped_column(SmallInteger, comment="Compute slices out of 7.")
+    compute_slices: Mapped[int | None] = mapped_column(
+        SmallInteger, comment="Compute slices out of 7; NULL when the agent could not read the size."
+    )
     memory_total_mib: Mapped[int | None] = mapped_column(Integer)
     util_reason: Mapped[str | None] = mapped_column(Text, comment="Why utilization is absent, if it is.")
     first_seen: Mapped[datetime] = mapped_column(TZ)

@@ -45,6 +45,11 @@ def mig_slice(gi: int, profile: str = "3g.20gb", *, uid: str | None = None, ci: 
     }
 
 
+def unsized_slice(gi: int, *, uid: str | None = None, ci: int = 0) -> dict[str, Any]:
+    """A MIG device whose size the agent could not read: profile "unknown", compute_slices null."""
+    return dict(mig_slice(gi, uid=uid, ci=ci), profile="unknown", compute_slices=None, memory_total_mib=None)
+
+
 def sample(uid: str, util: float | None = 50.0, **extra: Any) -> dict[str, Any]:
     out: dict[str, Any] = {
         "uuid": uid,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -19,6 +20,9 @@ from .window import Filters
 ONLINE = "online"
 OFFLINE = "offline"
 GONE = "gone"
+
+UNKNOWN_PROFILE = "unknown"
+"""The profile an agent sends for a MIG slice whose size it could not read."""
 
 
 # A plain slotted class, not a frozen one: a frozen dataclass's __init__ costs several times more, and a page
@@ -50,6 +54,15 @@ class InstanceInfo:
         return self.tags.get("Name") or self.hostname or self.instance_id
 
 
+class PermissionDenied(NamedTuple):
+    """A figure NVML refused to the agent at its privilege: the figure, the NVML call, and what to grant (keys as
+    the agent sent them; app.web.privileges words them)."""
+
+    figure: str
+    call: str
+    grant: str
+
+
 # GPUs and slices are named tuples: a page view builds thousands, and a tuple is made in C.
 class GpuInfo(NamedTuple):
     pk: int
@@ -62,6 +75,10 @@ class GpuInfo(NamedTuple):
     unpartitioned_slices: int | None
     util_reason: str | None
     first_seen: datetime
+    layout_complete: bool = True
+    """False when the agent found a MIG device it could not size: the free MIG capacity is unknown."""
+    permission_denied: tuple[PermissionDenied, ...] = ()
+    """Figures of this GPU or its slices that the agent could not read at its privilege."""
 
     @property
     def label(self) -> str:
@@ -75,20 +92,26 @@ class SliceInfo(NamedTuple):
     gpu_instance_id: int
     compute_instance_id: int
     profile: str
-    compute_slices: int
+    compute_slices: int | None
+    """None when the agent could not read the slice's size."""
     memory_total_mib: int | None
     util_reason: str | None
     first_seen: datetime
     retired_at: datetime | None
 
     @property
-    def fraction(self) -> float:
-        """Share of its GPU: compute slices out of 7."""
-        return self.compute_slices / 7
+    def fraction(self) -> float | None:
+        """Share of its GPU: compute slices out of 7; None when the size is unknown."""
+        return None if self.compute_slices is None else self.compute_slices / 7
+
+    @property
+    def profile_label(self) -> str:
+        """The profile, or "unknown profile" for one the agent could not read."""
+        return "unknown profile" if self.profile == UNKNOWN_PROFILE else self.profile
 
     @property
     def label(self) -> str:
-        return f"{self.gpu.label} {self.profile} (GI {self.gpu_instance_id})"
+        return f"{self.gpu.label} {self.profile_label} (GI {self.gpu_instance_id})"
 
 
 @dataclass(frozen=True)
@@ -120,14 +143,22 @@ class Fleet:
         return [s for s in self.slices_by_gpu.get(gpu_pk, []) if s.retired_at is None]
 
 
-def free_slices(gpu: GpuInfo, live: list[SliceInfo]) -> int:
+def layout_known(gpu: GpuInfo, slices: Iterable[SliceInfo]) -> bool:
+    """Whether the GPU's MIG layout is known in full: the agent sized every MIG device it found, and every slice
+    given has a size. Where it is not, what lies outside the known slices may be free or not: unknown."""
+    return gpu.layout_complete and all(s.compute_slices is not None for s in slices)
+
+
+def free_slices(gpu: GpuInfo, live: list[SliceInfo]) -> int | None:
     """Compute slices (of 7) of a MIG-mode GPU in no slice: as the agent reported, else what its live slices
-    leave; 0 for a GPU not in MIG mode."""
+    leave; 0 for a GPU not in MIG mode; None when the layout is not known in full (`layout_known`)."""
     if not gpu.mig_mode:
         return 0
+    if not layout_known(gpu, live):
+        return None
     if gpu.unpartitioned_slices is not None:
         return gpu.unpartitioned_slices
-    return max(0, 7 - sum(s.compute_slices for s in live))
+    return max(0, 7 - sum(s.compute_slices or 0 for s in live))
 
 
 _INSTANCE_COLUMNS = (
@@ -158,6 +189,8 @@ _GPU_COLUMNS = (
     Gpu.unpartitioned_slices,
     Gpu.util_reason,
     Gpu.first_seen,
+    Gpu.layout_complete,
+    Gpu.permission_denied,
 )
 _SLICE_COLUMNS = (
     MigSlice.id,
@@ -208,7 +241,12 @@ class DeviceRowsCache:
 
 
 def _read_device_rows(session: Session) -> tuple[list[Any], list[Any]]:
-    gpus = [tuple(r) for r in session.execute(select(*_GPU_COLUMNS)).all()]
+    # The permission list (last column) becomes tuples here, once per read of the tables, not per page view.
+    gpus = [
+        (*r[:-1], tuple(PermissionDenied(d["figure"], d["call"], d["grant"]) for d in refused))
+        for r in session.execute(select(*_GPU_COLUMNS)).all()
+        for refused in [r.permission_denied or []]
+    ]
     slices = [
         tuple(r)
         for r in session.execute(

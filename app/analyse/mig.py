@@ -28,8 +28,8 @@ class SlotView:
 class MigGpuView:
     gpu: GpuInfo
     slots: list[SlotView]
-    free_slices: int
-    """Compute slices (of 7) in no GPU instance now."""
+    free_slices: int | None
+    """Compute slices (of 7) in no GPU instance now; None when the layout is not known in full."""
     capacity: Unit | None
     """The GPU's unpartitioned capacity over the window (and its offline time)."""
     offline: bool
@@ -37,9 +37,14 @@ class MigGpuView:
     """Slices retired during the window."""
 
     @property
+    def free_unknown(self) -> bool:
+        """Whether the GPU's free capacity now is unknown (a MIG device the agent could not size)."""
+        return self.free_slices is None
+
+    @property
     def free_usd_per_hour(self) -> float | None:
         rate = self.gpu.instance.price.usd_per_gpu_hour
-        return None if rate is None else rate * self.free_slices / 7
+        return None if rate is None or self.free_slices is None else rate * self.free_slices / 7
 
 
 def underuse_reason(unit: Unit, underused_util_pct: float) -> str:
@@ -105,7 +110,7 @@ def underused_slices(views: list[MigGpuView]) -> list[UnderusedSlice]:
 
 
 def unpartitioned(views: list[MigGpuView]) -> list[MigGpuView]:
-    """MIG GPUs with free capacity now, most expensive first."""
-    out = [v for v in views if v.free_slices > 0 and not v.offline]
+    """MIG GPUs with free capacity now, most expensive first; a GPU whose free capacity is unknown is not one."""
+    out = [v for v in views if v.free_slices is not None and v.free_slices > 0 and not v.offline]
     out.sort(key=lambda v: -(v.free_usd_per_hour or 0.0))
     return out

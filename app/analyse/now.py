@@ -10,7 +10,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from .fleet import Fleet, free_slices
-from .states import OFFLINE, UNPARTITIONED, Thresholds, sample_state
+from .states import OFFLINE, UNKNOWN, UNPARTITIONED, Thresholds, sample_state
 
 
 # Slotted, not frozen: thousands are made per page view, and a frozen dataclass's __init__ costs several times more.
@@ -69,7 +69,9 @@ def current_state(fleet: Fleet, latest: dict[int, Latest]) -> dict[int, str]:
 
 def gpu_equivalents_now(fleet: Fleet, states: dict[int, str]) -> dict[str, float]:
     """GPUs per current state: passthrough GPUs count 1, slices their fraction, free MIG capacity its share
-    (as unpartitioned); everything on a GPU whose own data stopped counts as offline."""
+    (as unpartitioned); everything on a GPU whose own data stopped counts as offline. On a GPU whose layout is
+    not known in full, what its sized slices leave (slices of unknown size, and free capacity) counts as
+    unknown: neither free nor any slice's state."""
     out: dict[str, float] = {}
     for pk, gpu in fleet.gpus.items():
         if not gpu.mig_mode:
@@ -77,11 +79,21 @@ def gpu_equivalents_now(fleet: Fleet, states: dict[int, str]) -> dict[str, float
             continue
         gpu_offline = states[pk] == OFFLINE
         live = fleet.live_slices(pk)
+        sized = 0.0
         for sl in live:
+            share = sl.fraction
+            if share is None:
+                continue
+            sized += share
             state = OFFLINE if gpu_offline else states[sl.pk]
-            out[state] = out.get(state, 0.0) + sl.fraction
+            out[state] = out.get(state, 0.0) + share
         free = free_slices(gpu, live)
-        if free:
+        if free is None:
+            rest = max(0.0, 1.0 - sized)
+            if rest > 0:
+                key = OFFLINE if gpu_offline else UNKNOWN
+                out[key] = out.get(key, 0.0) + rest
+        elif free:
             key = OFFLINE if gpu_offline else UNPARTITIONED
             out[key] = out.get(key, 0.0) + free / 7
     return out

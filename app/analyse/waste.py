@@ -3,6 +3,10 @@
 A unit is a passthrough GPU, a MIG slice (worth compute slices / 7 of its GPU), or the unpartitioned
 capacity of a MIG-mode GPU. Units carry seconds per state; money is seconds x the unit's price. The pages,
 their htmx fragments and the report all read these same figures.
+
+A slice whose size the agent could not read is worth an unknown share of its GPU: it adds no GPU-hours and no
+money, only its hours as `unsized_slice_h`. A GPU whose layout is not known in full (`layout_known`) has no
+unpartitioned time: what its known slices leave may be in a slice nobody could size.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ..models import Event
-from .fleet import Fleet, GpuInfo, InstanceInfo, SliceInfo
+from .fleet import Fleet, GpuInfo, InstanceInfo, SliceInfo, layout_known
 from .states import UNPARTITIONED, Thresholds
 from .usage import DeviceUsage, hourly_split, window_usage
 from .window import Window
@@ -31,7 +35,7 @@ SLICE = "slice"
 @dataclass(slots=True)
 class Figures:
     """Additive figures of one unit or a group of units. Hours are GPU-equivalent hours (a 3g slice counts
-    3/7 of an hour per hour); money is USD and counts priced units only."""
+    3/7 of an hour per hour); money is USD and counts priced units of known size only."""
 
     gpu_hours: float = 0.0
     active_h: float = 0.0
@@ -53,6 +57,11 @@ class Figures:
     unpartitioned_cost: float = 0.0
     unpriced_gpu_hours: float = 0.0
     """GPU-hours of units with no price: their money is left out of every USD figure, never counted as 0."""
+    unsized_slice_h: float = 0.0
+    """Hours (of the clock) of MIG slices of unknown size: their share of a GPU is unknown, so they are left out
+    of GPU-hours and of every USD figure, never counted as 0 or as free."""
+    free_unknown_h: float = 0.0
+    """Hours (of the clock) of MIG GPUs whose layout was not known in full: none of it counts as unpartitioned."""
 
     def add(self, other: Figures) -> None:
         # Spelled out: this runs for every unit in every grouping, and a loop over fields costs 5x more.
@@ -72,6 +81,8 @@ class Figures:
         self.unused_cost += other.unused_cost
         self.unpartitioned_cost += other.unpartitioned_cost
         self.unpriced_gpu_hours += other.unpriced_gpu_hours
+        self.unsized_slice_h += other.unsized_slice_h
+        self.free_unknown_h += other.free_unknown_h
 
     @property
     def avg_util(self) -> float | None:
@@ -87,6 +98,17 @@ class Figures:
     def waste(self) -> float:
         """Cost while idle or idle-held, USD."""
         return self.idle_cost + self.idle_held_cost
+
+    @property
+    def capacity_unknown(self) -> bool:
+        """Whether some MIG capacity in these figures is of unknown size (left out of GPU-hours and money)."""
+        return self.unsized_slice_h > 0 or self.free_unknown_h > 0
+
+    @property
+    def only_unknown(self) -> bool:
+        """Whether these figures cover nothing of known size, only MIG capacity of unknown size: their GPU-hours
+        and money are unknown, not 0."""
+        return self.gpu_hours == 0 and self.capacity_unknown
 
     @property
     def state_hours(self) -> dict[str, float]:
@@ -111,19 +133,20 @@ class Figures:
 
 class Unit:
     """One unit of capacity over the window: its figures, its price (USD per GPU-hour) and its weight (share of
-    a GPU: 1, or compute slices / 7)."""
+    a GPU: 1, or compute slices / 7; None for a slice of unknown size)."""
 
     # A plain slotted class: a fleet builds thousands of units on every page view.
-    __slots__ = ("_figures", "gpu", "kind", "slice", "usd_per_gpu_hour", "weight")
+    __slots__ = ("_device", "_figures", "gpu", "kind", "slice", "usd_per_gpu_hour", "weight")
 
     def __init__(
         self,
         kind: str,
         gpu: GpuInfo,
         slice: SliceInfo | None,
-        weight: float,
+        weight: float | None,
         usd_per_gpu_hour: float | None,
         figures: Figures,
+        device: Figures | None = None,
     ) -> None:
         self.kind = kind
         self.gpu = gpu
@@ -131,9 +154,18 @@ class Unit:
         self.weight = weight
         self.usd_per_gpu_hour = usd_per_gpu_hour
         self._figures = figures
+        # A slice of unknown size: its own figures in hours of the device (weight 1, unpriced), for its seconds
+        # and utilization; `figures` then holds only its unsized hours.
+        self._device = device
 
     def figures(self) -> Figures:
+        """What this unit adds to its groups and to the totals."""
         return self._figures
+
+    @property
+    def sized(self) -> bool:
+        """False for a slice of unknown size: its GPU-hours and money are unknown."""
+        return self.weight is not None
 
     @property
     def instance(self) -> InstanceInfo:
@@ -155,23 +187,29 @@ class Unit:
 
     @property
     def usd_per_hour(self) -> float | None:
-        """What this unit costs per hour it runs, USD/h."""
-        return None if self.usd_per_gpu_hour is None else self.usd_per_gpu_hour * self.weight
+        """What this unit costs per hour it runs, USD/h; None with no price or no known size."""
+        if self.usd_per_gpu_hour is None or self.weight is None:
+            return None
+        return self.usd_per_gpu_hour * self.weight
 
     @property
     def covered_s(self) -> float:
         """Seconds with data, s."""
-        return self._figures.gpu_hours * 3600 / self.weight
+        if self._device is not None:
+            return self._device.gpu_hours * 3600
+        return self._figures.gpu_hours * 3600 / self.weight if self.weight else 0.0
 
     @property
     def no_proc_s(self) -> float:
         """Seconds with no compute process, s."""
-        return self._figures.no_proc_h * 3600 / self.weight
+        if self._device is not None:
+            return self._device.no_proc_h * 3600
+        return self._figures.no_proc_h * 3600 / self.weight if self.weight else 0.0
 
     @property
     def avg_util(self) -> float | None:
         """Mean utilization over the seconds with a figure, %."""
-        return self._figures.avg_util
+        return (self._device or self._figures).avg_util
 
 
 def _figures(u: DeviceUsage | None, weight: float, rate: float | None, offline_s: float) -> Figures:
@@ -210,6 +248,12 @@ def _free_figures(free_s: float, rate: float | None, offline_s: float) -> Figure
     return Figures(h, 0.0, 0.0, h, 0.0, offline_h, h, h, h, 0.0, h * rate, h * rate, 0.0, h * rate, h * rate)
 
 
+def _unsized_unit(gpu: GpuInfo, sl: SliceInfo, u: DeviceUsage, rate: float | None) -> Unit:
+    """A slice of unknown size: its hours count apart, never as GPU-hours, money or free capacity."""
+    device = _figures(u, 1.0, None, 0.0)
+    return Unit(SLICE, gpu, sl, None, rate, Figures(unsized_slice_h=device.gpu_hours), device)
+
+
 def _expected_s(gpu: GpuInfo, window: Window) -> float:
     """Seconds of the window in which this GPU should have sent data."""
     start = max(window.start, gpu.first_seen)
@@ -229,17 +273,24 @@ def build_units(
     and passthrough parts of GPUs whose mode changed in the window. In MIG time the slices carry the use,
     and what they leave (GPU time minus each slice's time x its share) is unpartitioned capacity. Offline
     time is the GPU's expected time minus its covered time.
+
+    Where the GPU's layout is not known in full (it is incomplete now, or a slice of the window has no size),
+    its MIG time has no unpartitioned part: it counts as `free_unknown_h` instead.
     """
     split = split or {}
     units: list[Unit] = []
     slices_by_gpu = fleet.slices_by_gpu
     for gpu in fleet.gpus.values():
         rate = gpu.instance.price.usd_per_gpu_hour
+        slices = slices_by_gpu.get(gpu.pk, ())
         slice_units = []
         sliced = 0.0
-        for sl in slices_by_gpu.get(gpu.pk, ()):
+        for sl in slices:
             found = usage.get(sl.pk)
             if found is None:
+                continue
+            if sl.compute_slices is None:
+                slice_units.append(_unsized_unit(gpu, sl, found, rate))
                 continue
             weight = sl.compute_slices / 7
             slice_units.append(Unit(SLICE, gpu, sl, weight, rate, _figures(found, weight, rate, 0.0)))
@@ -259,8 +310,13 @@ def build_units(
             units.append(Unit(GPU, gpu, None, 1.0, rate, _figures(passthrough, 1.0, rate, offline)))
             offline = 0.0
         if mig_mode:
-            free = max(0.0, (mig_part.covered_s if mig_part is not None else 0.0) - sliced)
-            units.append(Unit(UNPARTITIONED, gpu, None, 1.0, rate, _free_figures(free, rate, offline)))
+            mig_s = mig_part.covered_s if mig_part is not None else 0.0
+            if layout_known(gpu, slices):
+                free_figures = _free_figures(max(0.0, mig_s - sliced), rate, offline)
+            else:
+                free_figures = _free_figures(0.0, rate, offline)
+                free_figures.free_unknown_h = mig_s / 3600
+            units.append(Unit(UNPARTITIONED, gpu, None, 1.0, rate, free_figures))
         units.extend(slice_units)
     return units
 

@@ -54,15 +54,35 @@ class SliceIn(_In):
     uuid: Name = Field(description="MIG device UUID (MIG-...).")
     gpu_instance_id: int = Field(ge=0, le=0xFFFF)
     compute_instance_id: int = Field(ge=0, le=0xFFFF)
-    profile: Annotated[str, StringConstraints(min_length=1, max_length=32)] = Field(examples=["3g.40gb"])
-    compute_slices: int = Field(
+    profile: Annotated[str, StringConstraints(min_length=1, max_length=32)] = Field(
+        examples=["3g.40gb"], description="MIG profile name; 'unknown' when the agent could not read it."
+    )
+    compute_slices: int | None = Field(
+        default=None,
         ge=1,
         le=7,
         description="Compute slices (of 7) of this compute instance; the whole GPU instance's "
-        "unless several compute instances share it.",
+        "unless several compute instances share it. Null when the agent could not read the slice's size: "
+        "a live slice of unknown size, never free capacity.",
     )
     memory_total_mib: int | None = Field(default=None, ge=0)
     util_unavailable_reason: Annotated[str, StringConstraints(max_length=500)] | None = None
+
+
+class PermissionDeniedIn(_In):
+    """A figure NVML refused to the agent at its privilege (NO_PERMISSION), and what to grant for it."""
+
+    figure: Annotated[str, StringConstraints(min_length=1, max_length=64)] = Field(
+        description="The figure not read, e.g. 'mem_used_mib', 'procs', 'util', 'slice_memory'.",
+        examples=["mem_used_mib"],
+    )
+    call: Annotated[str, StringConstraints(min_length=1, max_length=96)] = Field(
+        description="The NVML call that answered NO_PERMISSION.", examples=["nvmlDeviceGetMemoryInfo"]
+    )
+    grant: Annotated[str, StringConstraints(min_length=1, max_length=32)] = Field(
+        description="What to grant the agent: 'mig-monitor', 'cap-sys-admin' or 'device-access'.",
+        examples=["mig-monitor"],
+    )
 
 
 class GpuIn(_In):
@@ -78,6 +98,16 @@ class GpuIn(_In):
     )
     util_unavailable_reason: Annotated[str, StringConstraints(max_length=500)] | None = None
     slices: list[SliceIn] = Field(default_factory=list, max_length=7 * 8)
+    layout_complete: bool = Field(
+        default=True,
+        description="False when, in MIG mode, the agent found a MIG device whose size it could not read (or "
+        "could not identify): the GPU's free MIG capacity is then unknown.",
+    )
+    permission_denied: list[PermissionDeniedIn] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Figures of this GPU or its slices that NVML refused at the agent's privilege.",
+    )
 
 
 class SampleIn(_In):

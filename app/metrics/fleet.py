@@ -68,7 +68,8 @@ class FleetFigures:
     mig_slices: dict[str, int]
     """Live MIG slices by current state (offline when their GPU's own data stopped)."""
     gpu_equivalents: dict[str, float]
-    """GPUs per current state, slices and free MIG capacity by their share: the overview's "now" column."""
+    """GPUs per current state, slices and free MIG capacity by their share: the overview's "now" column. What the
+    sized slices of a GPU with an incomplete layout leave is unknown."""
     idle_gpus: int
     """Passthrough GPUs idle for at least `idle_min_hours`: the overview's "Idle GPUs now"."""
     idle_gpus_usd_per_hour: float
@@ -97,7 +98,9 @@ def type_labels(fleet: Fleet, limit: int = MAX_INSTANCE_TYPES) -> dict[str | Non
 
 def idle_shares(fleet: Fleet, states: dict[int, str]) -> Iterator[tuple[GpuInfo, str, float]]:
     """(GPU, state, share of the GPU) of every part of the fleet that is idle, idle-held or unpartitioned now,
-    by the rules of `gpu_equivalents_now`: nothing on a MIG GPU whose own data stopped counts."""
+    by the rules of `gpu_equivalents_now`: nothing on a MIG GPU whose own data stopped counts, and neither does a
+    slice of unknown size (its share, and so its price, is unknown) nor the free capacity of a GPU whose layout
+    is not known in full."""
     for pk, gpu in fleet.gpus.items():
         if not gpu.mig_mode:
             if states[pk] in (IDLE, IDLE_HELD):
@@ -107,8 +110,9 @@ def idle_shares(fleet: Fleet, states: dict[int, str]) -> Iterator[tuple[GpuInfo,
             continue
         live = fleet.live_slices(pk)
         for sl in live:
-            if states[sl.pk] in (IDLE, IDLE_HELD):
-                yield gpu, states[sl.pk], sl.fraction
+            share = sl.fraction
+            if share is not None and states[sl.pk] in (IDLE, IDLE_HELD):
+                yield gpu, states[sl.pk], share
         free = free_slices(gpu, live)
         if free:
             yield gpu, UNPARTITIONED, free / 7
@@ -215,7 +219,8 @@ def fleet_families(f: FleetFigures) -> list[Metric]:
         ),
         _gauge(
             "gpufleet_gpu_equivalents",
-            "GPUs by current state, a MIG slice counting compute slices / 7 and free MIG capacity as unpartitioned.",
+            "GPUs by current state, a MIG slice counting compute slices / 7, free MIG capacity as unpartitioned, "
+            "and MIG capacity of unknown size as unknown.",
             f.gpu_equivalents,
             "state",
         ),

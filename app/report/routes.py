@@ -171,6 +171,8 @@ _EXAMPLE_FIGURES: dict[str, Any] = {
     "idle_held_cost": 263.491704,
     "unused_cost": 2536.107651,
     "unpriced_gpu_hours": 0.0,
+    "unsized_slice_hours": 0.0,
+    "free_unknown_hours": 0.0,
     "currency": "USD",
     "price_source": "catalog on-demand",
 }

@@ -29,6 +29,14 @@ class FiguresOut(BaseModel):
     idle_held_cost: float | None = Field(description="Cost of the idle-held GPU-hours, USD.")
     unused_cost: float | None = Field(description="Cost x (1 - utilization) over hours with a figure, USD.")
     unpriced_gpu_hours: float | None = Field(description="GPU-hours with no price, left out of every USD figure.")
+    unsized_slice_hours: float | None = Field(
+        description="Hours of MIG slices whose size the agent could not read: their share of a GPU is unknown, so "
+        "they are left out of GPU-hours and every USD figure, h."
+    )
+    free_unknown_hours: float | None = Field(
+        description="Hours of MIG GPUs whose layout the agent could not read in full: none of that time counts as "
+        "unpartitioned (idle) capacity, h."
+    )
     currency: str = Field(description="Always USD.")
     price_source: str = Field(description="Where the prices came from, sources joined by '; '.")
 

@@ -85,21 +85,30 @@ def _round(value: float | None, digits: int = 6) -> float | None:
 
 
 def figures_dict(f: Figures, prices: set[str]) -> dict[str, Any]:
-    """One row's figures: hours in GPU-hours, utilization in %, money in USD (priced GPU-hours only)."""
+    """One row's figures: hours in GPU-hours, utilization in %, money in USD (priced GPU-hours only). A row of
+    nothing but MIG capacity of unknown size (a slice the agent could not size, or the free capacity of a GPU
+    whose layout it could not read) has null GPU-hours and money: unknown, not 0."""
+    unknown = f.only_unknown
+
+    def sized(value: float) -> float | None:
+        return None if unknown else _round(value)
+
     return {
-        "gpu_hours": _round(f.gpu_hours),
+        "gpu_hours": sized(f.gpu_hours),
         "avg_util_pct": _round(f.avg_util),
         "util_unknown_share": _round(f.unknown_share),
-        "active_h": _round(f.active_h),
-        "idle_held_h": _round(f.idle_held_h),
-        "idle_h": _round(f.idle_h),
-        "unknown_h": _round(f.unknown_h),
+        "active_h": sized(f.active_h),
+        "idle_held_h": sized(f.idle_held_h),
+        "idle_h": sized(f.idle_h),
+        "unknown_h": sized(f.unknown_h),
         "offline_h": _round(f.offline_h),
-        "cost": _round(f.cost),
-        "idle_cost": _round(f.idle_cost),
-        "idle_held_cost": _round(f.idle_held_cost),
-        "unused_cost": _round(f.unused_cost),
-        "unpriced_gpu_hours": _round(f.unpriced_gpu_hours),
+        "cost": sized(f.cost),
+        "idle_cost": sized(f.idle_cost),
+        "idle_held_cost": sized(f.idle_held_cost),
+        "unused_cost": sized(f.unused_cost),
+        "unpriced_gpu_hours": sized(f.unpriced_gpu_hours),
+        "unsized_slice_hours": _round(f.unsized_slice_h),
+        "free_unknown_hours": _round(f.free_unknown_h),
         "currency": CURRENCY,
         "price_source": "; ".join(sorted(prices)),
     }

@@ -32,6 +32,8 @@ _GPU_COLUMNS = (
     Gpu.mig_mode,
     Gpu.unpartitioned_slices,
     Gpu.util_reason,
+    Gpu.layout_complete,
+    Gpu.permission_denied,
 )
 _SLICE_COLUMNS = (
     MigSlice.id,
@@ -192,6 +194,8 @@ def _upsert_gpus(session: Session, gpus: list[GpuIn], result: InventoryResult, *
             "mig_mode": gpu.mig_mode,
             "unpartitioned_slices": gpu.unpartitioned_slices,
             "util_reason": gpu.util_unavailable_reason,
+            "layout_complete": gpu.layout_complete,
+            "permission_denied": [p.model_dump() for p in gpu.permission_denied],
         }
         row = existing.get(gpu.uuid)
         if row is None:

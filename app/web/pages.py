@@ -14,19 +14,20 @@ from fastapi.responses import HTMLResponse
 from markupsafe import Markup
 from sqlalchemy.orm import Session
 
-from ..analyse.fleet import GONE, OFFLINE, ONLINE, Fleet, GpuInfo, load_fleet
+from ..analyse.fleet import GONE, OFFLINE, ONLINE, Fleet, GpuInfo, free_slices, load_fleet
 from ..analyse.idle import idle_gpus
 from ..analyse.mig import MigGpuView, mig_gpus, underused_slices, unpartitioned
 from ..analyse.now import current_state, gpu_equivalents_now, latest_samples
 from ..analyse.series import Point, device_series, series_step
 from ..analyse.states import OFFLINE as STATE_OFFLINE
-from ..analyse.states import UNPARTITIONED, Thresholds
+from ..analyse.states import UNKNOWN, UNPARTITIONED, Thresholds
 from ..analyse.waste import GPU, GROUPS, SLICE, analyse_waste, is_group_name
 from ..analyse.window import PRESETS, Filters, Window, WindowError, parse_filters, parse_window
 from ..sources import SOURCE_NAMES
 from ..state import AppState, app_state
 from .access import page_reader
 from .charts import MigSlot, Series, mig_layout_svg, state_bar_svg, timeseries_svg
+from .privileges import SEE_ALSO, grant_notes
 from .templating import is_htmx, render
 
 # Every page needs a reader: a route added here is protected without saying so (tests/app/test_auth_matrix.py).
@@ -260,7 +261,7 @@ def _mig(session: Session, state: AppState, q: Query, now: datetime) -> dict[str
     underused = underused_slices(views)
     shown, pager = paginate(views, q.page)
     return {
-        "layouts": [mig_layout_svg(_slots(v), width=280, height=40) for v in shown],
+        "layouts": [mig_layout_svg(_slots(v), width=280, height=40, title=_layout_title(v)) for v in shown],
         "fleet": fleet,
         "no_agents": _no_agents(fleet),
         "views": shown,
@@ -269,28 +270,43 @@ def _mig(session: Session, state: AppState, q: Query, now: datetime) -> dict[str
         "underused_total": len(underused),
         "free": free[:TOP_MIG],
         "free_total": len(free),
+        "free_unknown_total": sum(1 for v in views if v.free_unknown and not v.offline),
         "free_per_hour": sum(v.free_usd_per_hour or 0.0 for v in free),
         "analysis": analysis,
     }
 
 
+def _layout_title(view: MigGpuView) -> str:
+    return "MIG layout, free capacity unknown" if view.free_unknown else "MIG layout"
+
+
 def _slots(view: MigGpuView) -> list[MigSlot]:
     """Slices side by side in GPU-instance order, then the free capacity: NVML placement is not reported, so
-    the columns show shares of the GPU, not physical slice positions."""
+    the columns show shares of the GPU, not physical slice positions. A slice of unknown size is one hatched
+    column marked "?"; a GPU whose free capacity is unknown gets no free block."""
     slots = []
     column = 0
     for slot in view.slots:
-        size = min(slot.slice.compute_slices, 7 - column)
+        sl = slot.slice
+        size = min(sl.compute_slices or 1, 7 - column)
         if size <= 0:
             break
         unit = slot.unit
         util = unit.avg_util if unit is not None else None
-        detail = f"{slot.slice.profile} (GI {slot.slice.gpu_instance_id}): {slot.state} now"
+        name = f"{sl.profile_label} (GI {sl.gpu_instance_id})"
+        if sl.compute_slices is None:
+            name += ", size unknown"
+        detail = f"{name}: {slot.state} now"
         detail += f", {util:.1f}% average" if util is not None else ", utilization unknown"
         if slot.reason:
             detail += f"; under-used: {slot.reason}"
-        slots.append(MigSlot(column, size, slot.slice.profile, slot.state, detail))
+        if sl.compute_slices is None:
+            slots.append(MigSlot(column, size, "?", UNKNOWN, detail))
+        else:
+            slots.append(MigSlot(column, size, sl.profile, slot.state, detail))
         column += size
+    if view.free_slices is None:
+        return slots
     free = min(view.free_slices, 7 - column)
     if free > 0:
         state = STATE_OFFLINE if view.offline else UNPARTITIONED
@@ -392,10 +408,13 @@ def _instances(session: Session, state: AppState, q: Query, now: datetime) -> di
     by_instance = {r.key: r for r in analysis.group("instance")}
     gpu_counts: dict[int, int] = {}
     mig_counts: dict[int, int] = {}
+    refused: set[int] = set()
     for g in fleet.gpus.values():
         gpu_counts[g.instance.pk] = gpu_counts.get(g.instance.pk, 0) + 1
         if g.mig_mode:
             mig_counts[g.instance.pk] = mig_counts.get(g.instance.pk, 0) + 1
+        if g.permission_denied:
+            refused.add(g.instance.pk)
     rows = []
     for inst in fleet.instances.values():
         group = by_instance.get(inst.instance_id)
@@ -404,6 +423,7 @@ def _instances(session: Session, state: AppState, q: Query, now: datetime) -> di
                 "instance": inst,
                 "gpus": gpu_counts.get(inst.pk, 0),
                 "mig": mig_counts.get(inst.pk, 0),
+                "refused": inst.pk in refused,
                 "figures": group.figures if group else None,
             }
         )
@@ -475,7 +495,7 @@ def _instance_detail(instance_id: str) -> Callable[[Session, AppState, Query, da
         for gpu in sorted(fleet.gpus.values(), key=lambda g: g.gpu_index):
             slices = fleet.live_slices(gpu.pk)
             devices = [(f"GPU {gpu.gpu_index}", gpu.pk, "series-1")] + [
-                (f"{s.profile} GI {s.gpu_instance_id}", s.pk, f"series-{i % 7 + 2}") for i, s in enumerate(slices)
+                (f"{s.profile_label} GI {s.gpu_instance_id}", s.pk, f"series-{i % 7 + 2}") for i, s in enumerate(slices)
             ]
             charts = _gpu_charts(gpu, devices, series, q.window, now, step)
             gpus.append(
@@ -484,6 +504,8 @@ def _instance_detail(instance_id: str) -> Callable[[Session, AppState, Query, da
                     "state": states.get(gpu.pk),
                     "latest": latest.get(gpu.pk),
                     "unit": units.get(f"{GPU}:{gpu.pk}"),
+                    "free_slices": free_slices(gpu, slices),
+                    "grants": grant_notes(gpu.permission_denied),
                     "slices": [
                         {
                             "slice": s,
@@ -505,6 +527,7 @@ def _instance_detail(instance_id: str) -> Callable[[Session, AppState, Query, da
             "gpus": gpus,
             "step_s": step,
             "source_names": SOURCE_NAMES,
+            "privileges_see_also": SEE_ALSO,
         }
 
     return build

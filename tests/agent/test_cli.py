@@ -218,3 +218,44 @@ def test_proxies_in_the_env_file_reach_a_shell_run(env: dict[str, str], tmp_path
     result = agent("--fake-nvml", "g5-idle", "doctor", env=env)
     [server] = [line for line in result.stdout.splitlines() if "Server:" in line]
     assert "refused" in server.lower(), server  # went to the proxy on port 9, not to the internet
+
+
+def test_once_on_an_unprivileged_p4d_names_a100_40gb_profiles_and_loses_no_slice(env: dict[str, str]) -> None:
+    result = agent("--fake-nvml", "p4d-mig-unprivileged", "once", "--interval", "0.2", env=env)
+    assert result.returncode == 0, result.stderr
+    gpus = json.loads(result.stdout)["gpus"]
+    profiles = {s["profile"] for g in gpus for s in g["slices"]}
+    assert profiles == {"1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "1c.2g.10gb"}
+    assert sum(len(g["slices"]) for g in gpus) == 15
+    assert [g["unpartitioned_slices"] for g in gpus[:4]] == [0, 1, 0, 2]
+    denied = gpus[0]["permission_denied"]
+    assert {(d["figure"], d["grant"]) for d in denied} == {("mem_used_mib", "mig-monitor"), ("procs", "mig-monitor")}
+
+
+def test_doctor_says_per_gpu_what_to_grant(env: dict[str, str]) -> None:
+    result = agent("--fake-nvml", "p4d-mig-unprivileged", "doctor", env=env)
+    warnings = [line for line in result.stdout.splitlines() if line.startswith("WARN")]
+    assert [w.split(":")[1].strip() for w in warnings] == [f"GPU {i}" for i in range(4)]
+    assert all("grant the MIG monitor capability" in w and "nvidia-modprobe -f" in w for w in warnings)
+    assert result.returncode == 1  # no server configured; a warning alone does not fail
+
+
+def test_doctor_json_is_a_capability_report_that_replays(env: dict[str, str], tmp_path: Path) -> None:
+    result = agent("--fake-nvml", "p5-mig", "doctor", "--json", env=env)
+    report = json.loads(result.stdout)
+    assert report["format"] == "gpufleet-capability-report" and report["driver"] == "550.127.05"
+    assert report["gpus"][0]["calls"]["nvmlGpmMigSampleGet"] == "ok"
+    assert {c["status"] for c in report["checks"]} >= {"ok", "fail"}
+    path = tmp_path / "p5-mig.json"
+    path.write_text(result.stdout)
+    again = agent("--fake-nvml", f"report:{path}", "once", "--interval", "0.2", env=env)
+    assert again.returncode == 0, again.stderr
+    assert len(json.loads(again.stdout)["gpus"]) == 8
+
+
+def test_a_report_that_cannot_be_read_is_a_usage_error(env: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / "bad.json").write_text("{")
+    result = agent("--fake-nvml", f"report:{tmp_path / 'bad.json'}", "once", env=env)
+    assert result.returncode == 2
+    assert result.stderr.startswith("gpufleet-agent: cannot read the capability report") and result.stderr[-1] == "\n"
+    assert result.stderr.count("\n") == 1

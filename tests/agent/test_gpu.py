@@ -1,7 +1,9 @@
 """On a real NVIDIA GPU: the collector against the real driver. Skipped where NVML does not initialise.
 
-Set GPUFLEET_GPU_REPORT to a path to keep what was seen (names, which calls worked, GPM values, the raw
-sample-buffer values) as JSON; docs/agent.md records the findings.
+Set GPUFLEET_GPU_REPORT to a path to keep the host's capability report (what `gpufleet-agent doctor --json`
+writes: driver, every call's answer per GPU and slice, the sample buffer, GPM, the process-record layout),
+plus the layout and readings the agent made. The report replays as a fake NVML scenario (`report:PATH`);
+docs/agent.md records the findings.
 """
 
 from __future__ import annotations
@@ -13,51 +15,16 @@ from typing import Any
 
 import pytest
 
+from agent import capabilities, fake_nvml
 from agent.collect import Collector
-from agent.nvml import Absent, Nvml, load_library
+from agent.nvml import Nvml, load_library
 
 pytestmark = pytest.mark.gpu
-
-
-def _raw_probe(nvml: Nvml) -> list[dict[str, Any]]:
-    lib = nvml.lib
-    seen = []
-    for index in range(lib.nvmlDeviceGetCount()):
-        h = lib.nvmlDeviceGetHandleByIndex(index)
-        probe: dict[str, Any] = {"index": index, "name": str(lib.nvmlDeviceGetName(h))}
-        samples = nvml.quiet(lib.nvmlDeviceGetSamples, h, lib.NVML_GPU_UTILIZATION_SAMPLES, 0)
-        if isinstance(samples, Absent):
-            probe["samples"] = samples.reason
-        else:
-            values = [int(s.sampleValue.uiVal) for s in samples[1]]
-            stamps = [int(s.timeStamp) for s in samples[1]]
-            probe["samples"] = {
-                "count": len(values),
-                "min": min(values, default=None),
-                "max": max(values, default=None),
-                "span_us": (max(stamps) - min(stamps)) if stamps else None,
-                "newest_minus_epoch_us": (max(stamps) - int(time.time() * 1e6)) if stamps else None,
-            }
-        for call, args in {
-            "rates": (lib.nvmlDeviceGetUtilizationRates, (h,)),
-            "energy_mJ": (lib.nvmlDeviceGetTotalEnergyConsumption, (h,)),
-            "power_mW": (lib.nvmlDeviceGetPowerUsage, (h,)),
-            "mig_mode": (lib.nvmlDeviceGetMigMode, (h,)),
-            "gpm_support": (lib.nvmlGpmQueryDeviceSupport, (h,)),
-            "memory_v2": (lib.nvmlDeviceGetMemoryInfo, (h,)),
-        }.items():
-            fn, fn_args = args
-            value = nvml.quiet(fn, *fn_args)
-            probe[call] = value.reason if isinstance(value, Absent) else "ok"
-        seen.append(probe)
-    return seen
 
 
 def test_the_collector_reads_every_gpu_of_this_host() -> None:
     nvml = Nvml.open(load_library())
     try:
-        report: dict[str, Any] = {"driver": nvml.driver_version(), "cuda": nvml.cuda_version()}
-        report["probe"] = _raw_probe(nvml)
         collector = Collector(nvml)
         collector.start()
         intervals = []
@@ -66,9 +33,12 @@ def test_the_collector_reads_every_gpu_of_this_host() -> None:
             intervals.append(collector.collect())
         collector.close()
         last = intervals[-1]
-        report["gpus"] = [g.to_wire() for g in last.gpus]
-        report["readings"] = [r.to_wire() for r in last.readings]
-        report["errors"] = nvml.take_errors()
+        report: dict[str, Any] = capabilities.report(nvml, last.gpus)
+        report["agent_saw"] = {
+            "gpus": [g.to_wire() for g in last.gpus],
+            "readings": [r.to_wire() for r in last.readings],
+            "errors": nvml.take_errors(),
+        }
         if os.environ.get("GPUFLEET_GPU_REPORT"):
             with open(os.environ["GPUFLEET_GPU_REPORT"], "w") as f:
                 json.dump(report, f, indent=2, default=str)
@@ -85,3 +55,27 @@ def test_the_collector_reads_every_gpu_of_this_host() -> None:
                 assert (slice_reading.util is None) == (s.util_unavailable_reason is not None)
     finally:
         nvml.close()
+
+
+def test_this_host_s_capability_report_replays(tmp_path: Any) -> None:
+    """The fake, replaying this host's report, answers every call as the driver did."""
+    nvml = Nvml.open(load_library())
+    try:
+        collector = Collector(nvml)
+        layout = collector.sample(1.0).gpus
+        report = capabilities.report(nvml, layout)
+    finally:
+        nvml.close()
+    path = tmp_path / "host.json"
+    path.write_text(json.dumps(report))
+    replayed = Nvml.open(fake_nvml.load(f"report:{path}"))
+    try:
+        again = capabilities.report(replayed, Collector(replayed).sample(1.0).gpus)
+    finally:
+        replayed.close()
+    for real, fake in zip(report["gpus"], again["gpus"], strict=True):
+        assert (fake["name"], fake["mig_mode"]) == (real["name"], real["mig_mode"])
+        different = {k: (v, fake["calls"].get(k)) for k, v in real["calls"].items() if fake["calls"].get(k) != v}
+        # A buffer that held samples on the host may run dry on the replayed (idle-or-steady) GPU, and back.
+        different.pop("nvmlDeviceGetSamples", None)
+        assert not different, different

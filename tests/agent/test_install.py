@@ -114,7 +114,8 @@ def test_unit_keeps_the_essential_settings() -> None:
         "EnvironmentFile=-/etc/gpufleet/agent.env",
         "StateDirectory=gpufleet-agent",
         "DevicePolicy=closed",
-        "DeviceAllow=char-nvidia-caps rw",
+        "DeviceAllow=char-nvidia-caps rwm",
+        "ExecStartPre=-+/usr/bin/nvidia-modprobe -f /proc/driver/nvidia/capabilities/mig/monitor",
         "CapabilityBoundingSet=",
         "WantedBy=multi-user.target",
     ]:
@@ -169,6 +170,18 @@ def test_install_into_image_writes_both_files_and_enables(image: Path) -> None:
     assert f"wrote {image / UNIT}" in result.actions
     assert f"wrote {image / ENV}" in result.actions
     assert not list(image.rglob(".*")), "no temporary files left behind"
+
+
+@pytest.mark.usefixtures("no_umask")
+def test_profiling_adds_cap_sys_admin_in_a_drop_in_and_a_plain_install_keeps_it(image: Path) -> None:
+    drop_in = image / "etc/systemd/system/gpufleet-agent.service.d/profiling.conf"
+    install(root=image, exec_path=EXEC, enable=False)
+    assert not drop_in.exists(), "least privilege unless asked"
+    result = install(root=image, exec_path=EXEC, enable=False, profiling=True)
+    assert f"wrote {drop_in}" in result.actions and _mode(drop_in) == 0o644
+    assert "\n[Service]\nCapabilityBoundingSet=CAP_SYS_ADMIN\n" in drop_in.read_text()
+    again = install(root=image, exec_path=EXEC, enable=False)
+    assert any(a.startswith(f"kept existing {drop_in}") for a in again.actions)
 
 
 def test_install_without_url_or_token_writes_the_commented_example(image: Path) -> None:
@@ -311,5 +324,6 @@ def test_missing_systemctl_is_an_install_error(monkeypatch: pytest.MonkeyPatch, 
 def test_examples_ship_as_package_data() -> None:
     files = resources.files("agent.packaging")
     assert files.joinpath("cloud-init.yaml").read_text(encoding="utf-8").startswith("#cloud-config\n")
+    assert "CapabilityBoundingSet=CAP_SYS_ADMIN" in files.joinpath("profiling.conf").read_text(encoding="utf-8")
     hcl = files.joinpath("packer.pkr.hcl").read_text(encoding="utf-8")
     assert 'gpufleet-agent install"' in hcl and "--start" not in hcl

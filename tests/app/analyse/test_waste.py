@@ -11,7 +11,7 @@ from app.analyse.states import UNPARTITIONED
 from app.analyse.waste import GPU, SLICE
 from app.analyse.window import Filters
 from tests.app.analyse.conftest import P4D_PER_GPU_HOUR, Analyst, Feeder, busy, held, idle, unknown
-from tests.factories import gpu, mig_slice
+from tests.factories import gpu, mig_slice, unsized_slice
 
 H = timedelta(hours=1)
 A100_MIG_REASON = "A100 MIG: NVML gives no per-slice utilization"
@@ -217,3 +217,66 @@ def test_figures_add_covers_every_field() -> None:
     total.add(one)
     total.add(one)
     assert all(getattr(total, f.name) == 2.0 for f in fields(Figures))
+
+
+def test_a_slice_of_unknown_size_is_neither_priced_nor_free(feeder: Feeder, analyst: Analyst) -> None:
+    """An A100 with a 3g slice, a slice the agent could not size, and 2 compute slices it calls free: the 2
+    might be part of the unsized slice, so nothing of this GPU is unpartitioned, and the unsized slice has
+    hours but no GPU-hours and no dollars."""
+    t0 = feeder.t0
+    g = gpu(0, mig=True, slices=[mig_slice(1, "3g.20gb"), unsized_slice(2, uid="MIG-unsized")], unpartitioned=2)
+    feeder.feed([g], start=t0, hours=2, fn=idle)
+    a = analyst.waste(t0, t0 + 2 * H)
+    f = a.totals
+    assert f.unpartitioned_h == 0 and f.unpartitioned_cost == 0
+    # Only the 3g slice is priced: idle for 2 h at 3/7 of a GPU.
+    assert f.gpu_hours == pytest.approx(2 * 3 / 7)
+    assert f.idle_h == pytest.approx(2 * 3 / 7)
+    assert f.cost == f.idle_cost == f.waste == pytest.approx(2 * 3 / 7 * P4D_PER_GPU_HOUR)
+    assert f.unpriced_gpu_hours == 0
+    # What is left out is counted apart and said to be unknown.
+    assert f.unsized_slice_h == pytest.approx(2.0)
+    assert f.free_unknown_h == pytest.approx(2.0)
+    assert f.capacity_unknown and not f.only_unknown
+    [unsized] = [u for u in a.units if u.slice is not None and u.slice.uuid == "MIG-unsized"]
+    assert not unsized.sized and unsized.weight is None and unsized.usd_per_hour is None
+    assert unsized.figures().gpu_hours == 0 and unsized.figures().cost == 0 and unsized.figures().only_unknown
+    # Its own seconds and utilization are still known, for the under-used test.
+    assert unsized.covered_s == pytest.approx(2 * 3600) and unsized.no_proc_s == pytest.approx(2 * 3600)
+    assert unsized.avg_util == pytest.approx(0.0)
+    [free] = [u for u in a.units if u.kind == UNPARTITIONED]
+    assert free.figures().only_unknown
+    rows = {r.label: r.figures for r in a.group("slice")}
+    assert rows[unsized.label].only_unknown and "unknown profile" in unsized.label
+
+
+def test_an_incomplete_layout_has_no_unpartitioned_time(feeder: Feeder, analyst: Analyst) -> None:
+    t0 = feeder.t0
+    g = gpu(0, mig=True, slices=[mig_slice(1, "3g.20gb")], unpartitioned=4)
+    g["layout_complete"] = False
+    feeder.feed([g], start=t0, hours=2, fn=idle)
+    f = analyst.waste(t0, t0 + 2 * H).totals
+    assert f.unpartitioned_h == 0 and f.unpartitioned_cost == 0
+    assert f.cost == pytest.approx(2 * 3 / 7 * P4D_PER_GPU_HOUR)
+    assert f.free_unknown_h == pytest.approx(2.0) and f.unsized_slice_h == 0
+    # The same GPU with its layout read in full: the 4 free slices are idle capacity.
+    g2 = gpu(0, mig=True, slices=[mig_slice(1, "3g.20gb")], unpartitioned=4, uid="GPU-complete")
+    feeder.feed([g2], start=t0, hours=2, fn=idle, instance_id="i-complete")
+    f = analyst.waste(t0, t0 + 2 * H, filters=Filters(instance_ids=("i-complete",))).totals
+    assert f.unpartitioned_h == pytest.approx(2 * 4 / 7) and f.free_unknown_h == 0
+
+
+def test_an_unsized_slice_in_the_window_makes_the_whole_window_unknown(feeder: Feeder, analyst: Analyst) -> None:
+    """The simple rule: one unsized slice anywhere in the window, and no hour of its GPU counts as free."""
+    t0 = feeder.t0
+    uid = "GPU-sized-later"
+    first = gpu(0, uid=uid, mig=True, slices=[mig_slice(1, "3g.20gb"), unsized_slice(2)], unpartitioned=None)
+    then = gpu(0, uid=uid, mig=True, slices=[mig_slice(1, "3g.20gb", uid=first["slices"][0]["uuid"])], unpartitioned=4)
+    feeder.feed([first], start=t0, hours=1, fn=idle)
+    feeder.feed([then], start=t0 + H, hours=2, fn=idle)
+    f = analyst.waste(t0, t0 + 2 * H).totals
+    assert f.unpartitioned_h == 0 and f.free_unknown_h == pytest.approx(2.0)
+    assert f.unsized_slice_h == pytest.approx(1.0)
+    # A window after the unsized slice was gone is known again.
+    f = analyst.waste(t0 + 2 * H, t0 + 3 * H).totals
+    assert f.free_unknown_h == 0 and f.unpartitioned_h == pytest.approx(4 / 7)

@@ -26,7 +26,7 @@ from app.metrics.fleet import (
     idle_shares,
 )
 from app.pricing.resolve import Pricer
-from tests.factories import gpu, mig_slice
+from tests.factories import gpu, mig_slice, unsized_slice
 from tests.feeding import P4D_PER_GPU_HOUR, Feeder, SampleFn, busy, held, idle, unknown
 
 H = timedelta(hours=1)
@@ -160,3 +160,21 @@ class _Families:
 
 def _render(f: FleetFigures) -> str:
     return generate_latest(_Families(f)).decode()
+
+
+def test_capacity_of_unknown_size_is_neither_free_nor_priced(feeder: Feeder, sessions: sessionmaker[Session]) -> None:
+    """An idle 3g slice and an idle slice of unknown size with 2 slices reported free; another GPU whose layout
+    is incomplete. Only the 3g slice is priced; what the sized slices leave counts as unknown."""
+    t0 = feeder.t0
+    now = t0 + 2 * H
+    unsized = gpu(0, mig=True, slices=[mig_slice(1, "3g.20gb"), unsized_slice(2)], unpartitioned=2)
+    incomplete = dict(gpu(1, mig=True, slices=[mig_slice(1, "4g.20gb")], unpartitioned=3), layout_complete=False)
+    feeder.feed([unsized, incomplete], start=t0, hours=2, fn=idle, instance_id="i-mig")
+
+    f = figures(sessions, now)
+    assert f.waste_usd_per_hour == pytest.approx({("p4d.24xlarge", IDLE): (3 / 7 + 4 / 7) * P4D_PER_GPU_HOUR})
+    assert f.unpriced_idle_gpu_equivalents == 0
+    assert f.gpu_equivalents == pytest.approx(
+        {"active": 0, "idle-held": 0, "idle": 1, "unknown": 1, "offline": 0, UNPARTITIONED: 0}
+    )
+    assert f.mig_slices["idle"] == 3  # the unsized slice is still a slice, counted by state

@@ -17,7 +17,7 @@ from app.report.schemas import ReportOut
 from app.settings import Settings
 from app.web.templating import num, pct, usd
 from tests.conftest import make_token
-from tests.factories import gpu
+from tests.factories import gpu, mig_slice, unsized_slice
 from tests.feeding import P4D_PER_GPU_HOUR, Feeder, busy, idle
 
 H = timedelta(hours=1)
@@ -304,3 +304,30 @@ def test_default_window_is_the_last_seven_days(client: TestClient, read_token: s
     start = datetime.fromisoformat(body["start"])
     assert datetime.now(UTC) - start < timedelta(days=7, hours=1)
     assert datetime.now(UTC) - start > timedelta(days=6)
+
+
+def test_capacity_of_unknown_size_is_unknown_not_zero(client: TestClient, read_token: str, feeder: Feeder) -> None:
+    """A MIG GPU with an idle 3g slice, an idle slice of unknown size and 2 slices reported free: the report
+    prices the 3g slice only, gives the rest as null figures, and says how many hours it left out."""
+    start = feeder.t0
+    g = gpu(0, mig=True, slices=[mig_slice(1, "3g.20gb"), unsized_slice(2)], unpartitioned=2)
+    feeder.feed([g], start=start, hours=2, fn=idle, instance_id="i-mig")
+    window = {"start": start.isoformat(), "end": (start + 2 * H).isoformat()}
+    body = get(client, read_token, group_by="slice", **window).json()
+    ReportOut.model_validate(body)
+    rows = {row["group"]["slice"]: row for row in body["rows"]}
+    sized = rows["i-mig GPU 0 3g.20gb (GI 1)"]
+    assert sized["cost"] == pytest.approx(2 * 3 / 7 * P4D_PER_GPU_HOUR, abs=1e-5)
+    for label, hours in (("i-mig GPU 0 unknown (GI 2)", "unsized_slice_hours"), ("i-mig GPU 0 unpartitioned", None)):
+        row = rows[label]
+        assert row["gpu_hours"] is row["cost"] is row["idle_cost"] is row["idle_h"] is None, label
+        if hours:
+            assert row[hours] == pytest.approx(2.0)
+    assert rows["i-mig GPU 0 unpartitioned"]["free_unknown_hours"] == pytest.approx(2.0)
+    totals = body["totals"]
+    assert totals["cost"] == totals["idle_cost"] == pytest.approx(sized["cost"], abs=1e-5)
+    assert totals["gpu_hours"] == pytest.approx(2 * 3 / 7)
+    assert (totals["unsized_slice_hours"], totals["free_unknown_hours"]) == pytest.approx((2.0, 2.0))
+    table = list(csv.DictReader(io.StringIO(get(client, read_token, group_by="slice", format="csv", **window).text)))
+    unsized = next(t for t in table if t["slice"] == "i-mig GPU 0 unknown (GI 2)")
+    assert unsized["gpu_hours"] == unsized["cost"] == ""

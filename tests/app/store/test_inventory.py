@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
 from tests.app.ingest.test_routes import post
-from tests.factories import batch, gpu, mig_slice, now_floor
+from tests.factories import batch, gpu, mig_slice, now_floor, unsized_slice
 
 
 def events(engine: Engine) -> list[tuple[str, dict[str, Any]]]:
@@ -144,3 +144,63 @@ def test_replayed_old_batch_does_not_undo_reconfiguration(
         }
     assert live == ["7g.40gb"]
     assert per_profile == {"3g.20gb": 12, "7g.40gb": 3, "4g.20gb": 3}
+
+
+def test_layout_and_permission_gaps_follow_the_newest_batch(
+    client: TestClient, engine: Engine, ingest_token: str
+) -> None:
+    t0 = now_floor() - timedelta(minutes=30)
+    refused = [{"figure": "mem_used_mib", "call": "nvmlDeviceGetMemoryInfo", "grant": "mig-monitor"}]
+    plain = gpu(0, mig=True, slices=[mig_slice(1)], unpartitioned=4)
+    gaps = dict(plain, layout_complete=False, permission_denied=refused)
+
+    def stored() -> tuple[bool, list[dict[str, str]], Any]:
+        with engine.connect() as conn:
+            row = conn.execute(text("SELECT layout_complete, permission_denied, updated_at FROM gpus")).one()
+        return row.layout_complete, row.permission_denied, row.updated_at
+
+    assert post(client, batch([plain], start=t0), ingest_token).status_code == 200
+    assert stored() == (True, [], t0)
+    # Same hardware otherwise: the per-process inventory cache must not skip the change.
+    assert post(client, batch([gaps], start=t0 + timedelta(minutes=5)), ingest_token).status_code == 200
+    assert stored() == (False, refused, t0 + timedelta(minutes=5))
+    assert post(client, batch([gaps], start=t0 + timedelta(minutes=6)), ingest_token).status_code == 200
+    assert stored()[2] == t0 + timedelta(minutes=5)  # unchanged: not written again
+    # An older replay does not bring the old state back; a newer batch without them clears them.
+    assert post(client, batch([plain], start=t0 + timedelta(minutes=1)), ingest_token).status_code == 200
+    assert stored()[:2] == (False, refused)
+    assert post(client, batch([plain], start=t0 + timedelta(minutes=10)), ingest_token).status_code == 200
+    assert stored() == (True, [], t0 + timedelta(minutes=10))
+    assert events(engine) == []
+
+
+def test_a_slice_of_unknown_size_is_one_live_row_until_it_gets_a_size(
+    client: TestClient, engine: Engine, ingest_token: str
+) -> None:
+    t0 = now_floor() - timedelta(minutes=30)
+    unsized = unsized_slice(2)
+    parent = gpu(0, mig=True, slices=[mig_slice(1), unsized], unpartitioned=None)
+    for minutes in (0, 5):
+        assert post(client, batch([parent], start=t0 + timedelta(minutes=minutes)), ingest_token).status_code == 200
+
+    def rows() -> list[tuple[str, int | None, bool]]:
+        with engine.connect() as conn:
+            return [
+                (r.profile, r.compute_slices, r.retired_at is None)
+                for r in conn.execute(
+                    text(
+                        "SELECT profile, compute_slices, retired_at FROM mig_slices "
+                        "WHERE gpu_instance_id = 2 ORDER BY id"
+                    )
+                )
+            ]
+
+    assert rows() == [("unknown", None, True)]
+    assert events(engine) == []
+    # Read at last: samples taken while its size was unknown stay with the unsized row.
+    sized = dict(unsized, profile="2g.10gb", compute_slices=2)
+    later = batch([dict(parent, slices=[parent["slices"][0], sized])], start=t0 + timedelta(minutes=10))
+    assert post(client, later, ingest_token).status_code == 200
+    assert rows() == [("unknown", None, False), ("2g.10gb", 2, True)]
+    [(kind, details)] = events(engine)
+    assert kind == "mig_reconfigured" and (details["old_profile"], details["new_profile"]) == ("unknown", "2g.10gb")

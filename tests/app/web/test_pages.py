@@ -9,7 +9,8 @@ import pytest
 from bs4 import BeautifulSoup
 from fastapi.testclient import TestClient
 
-from tests.factories import gpu, mig_slice
+from app.web.templating import DASH
+from tests.factories import gpu, mig_slice, unsized_slice
 from tests.feeding import P4D_PER_GPU_HOUR, Feeder, busy, held, idle, unknown
 
 H = timedelta(hours=1)
@@ -221,3 +222,110 @@ def test_paginate_clamps_to_the_last_page() -> None:
     last, pager = paginate(rows, 9)
     assert last == list(range(200, 250)) and pager.page == 3 and (pager.first, pager.last) == (200, 250)
     assert paginate([], 1)[1].pages == 1
+
+
+REFUSED = [
+    {"figure": "mem_used_mib", "call": "nvmlDeviceGetMemoryInfo", "grant": "mig-monitor"},
+    {"figure": "procs", "call": "nvmlDeviceGetComputeRunningProcesses_v3", "grant": "mig-monitor"},
+    {"figure": "gr_active", "call": "nvmlGpmSampleGet", "grant": "cap-sys-admin"},
+    {"figure": "fan_speed", "call": "nvmlDeviceGetFanSpeed_v2", "grant": "root-of-all"},
+]
+
+
+@pytest.fixture
+def gaps(feeder: Feeder) -> dict[str, Any]:
+    """A p4d whose agent lacks privileges: GPU 0 passthrough and fine; GPU 1 in MIG mode with a 3g slice, a
+    slice of unknown size and 2 compute slices it calls free, and figures NVML refused; GPU 2 in MIG mode with
+    an incomplete layout. Beside it, a plain p4d."""
+    start = recent_start(3)
+    one = gpu(
+        1,
+        uid="GPU-gaps-1",
+        mig=True,
+        slices=[mig_slice(1, "3g.20gb", uid="MIG-sized"), unsized_slice(2, uid="MIG-unsized")],
+        unpartitioned=2,
+    )
+    one["permission_denied"] = REFUSED
+    two = gpu(2, uid="GPU-gaps-2", mig=True, slices=[mig_slice(1, "4g.20gb", uid="MIG-four")], unpartitioned=3)
+    two["layout_complete"] = False
+    feeder.feed([gpu(0, uid="GPU-gaps-0"), one, two], start=start, hours=3, fn=idle, instance_id="i-gaps")
+    feeder.feed([gpu(0, uid="GPU-fine")], start=start, hours=3, fn=busy(70), instance_id="i-fine")
+    return {"start": start}
+
+
+def test_instance_page_says_what_the_agent_could_not_read(client: TestClient, gaps: dict[str, Any]) -> None:
+    doc = page(client, "/instances/i-gaps")
+    assert doc.select_one("#gpu-0 .note.permission") is None
+    note = doc.select_one("#gpu-1 .note.permission")
+    assert note is not None
+    text = note.get_text(" ", strip=True)
+    assert "docs/agent.md, Privileges" in text and "NO_PERMISSION" in text
+    items = [li.get_text(" ", strip=True) for li in note.select("li")]
+    assert len(items) == 3  # one per grant: the two MIG-monitor figures share theirs
+    assert "memory used of the whole GPU ( nvmlDeviceGetMemoryInfo )" in items[0]
+    assert "compute processes of the whole GPU" in items[0]
+    assert "/dev/nvidia-caps/nvidia-cap2" in items[0] and "nvidia-modprobe -f" in items[0]
+    assert "graphics-engine activity" in items[1] and "CAP_SYS_ADMIN" in items[1]
+    assert "NVreg_RestrictProfilingToAdminUsers=0" in items[1]
+    # Keys this server does not know are shown as sent.
+    assert [c.get_text() for c in note.select("li")[2].select("code")] == [
+        "fan_speed",
+        "nvmlDeviceGetFanSpeed_v2",
+        "root-of-all",
+    ]
+
+
+def test_instance_page_shows_unknown_layouts_and_sizes(client: TestClient, gaps: dict[str, Any]) -> None:
+    doc = page(client, "/instances/i-gaps")
+    assert doc.select_one("#gpu-0 .note.layout-unknown") is None
+    for section in ("#gpu-1", "#gpu-2"):
+        assert doc.select_one(f"{section} [data-layout=incomplete]") is not None, section
+        assert "free capacity unknown" in doc.select_one(f"{section} h2").get_text(" ", strip=True)
+    rows = [r.get_text(" ", strip=True) for r in doc.select("#gpu-1 tr.slice")]
+    assert rows[0].startswith("3g.20gb") and "size unknown" not in rows[0]
+    assert rows[1].startswith("unknown profile") and "size unknown" in rows[1]
+    assert doc.select_one(".note.unsized") is not None
+    fine = page(client, "/instances/i-fine")
+    assert not fine.select(".note.permission, .note.layout-unknown, .note.unsized")
+
+
+def test_mig_page_draws_unknown_sizes_and_no_free_capacity_for_them(client: TestClient, gaps: dict[str, Any]) -> None:
+    doc = page(client, "/mig")
+    one = doc.select_one("figure.mig-gpu[data-gpu=GPU-gaps-1]")
+    assert "free capacity unknown" in one.select_one("figcaption").get_text(" ", strip=True)
+    blocks = [(g["class"], g.select_one("title").get_text()) for g in one.select("svg g.slot")]
+    assert [c for c, _t in blocks] == [["slot", "state-idle"], ["slot", "state-unknown"]]
+    assert "size unknown" in blocks[1][1] and one.select_one("svg g.slot.state-unknown text").get_text() == "?"
+    assert not one.select("g.state-unpartitioned") and "2 free" not in one.select_one("svg").get_text(" ")
+    two = doc.select_one("figure.mig-gpu[data-gpu=GPU-gaps-2]")
+    assert not two.select("g.state-unpartitioned") and "3 free" not in two.select_one("svg").get_text(" ")
+    assert "free capacity unknown" in two.select_one("svg")["aria-label"]
+    # Neither GPU is listed as having free capacity, nor priced as such.
+    assert doc.select_one("#unpartitioned") is None
+    assert "Not listed: 2 GPUs whose free capacity is unknown" in " ".join(doc.get_text().split())
+    assert doc.select_one("[data-figure=free-rate]").get_text(strip=True) == "$0.000/h"
+    assert doc.select_one("[data-figure=free-unknown]").get_text(strip=True) == "2"
+    # The unsized slice had no process: under-used, but its cost is unknown, not $0.
+    [row] = [r for r in doc.select("#underused tbody tr") if "unknown profile" in r.get_text()]
+    cells = [td.get_text(strip=True) for td in row.select("td")]
+    assert cells[-3:] == [DASH, DASH, DASH]
+    assert doc.select_one(".note.unsized") is not None
+
+
+def test_waste_and_overview_leave_unknown_sizes_out_of_the_dollars(client: TestClient, gaps: dict[str, Any]) -> None:
+    doc = page(client, "/waste?group_by=slice&window=24h")
+    rows = {r.select_one("td").get_text(strip=True): r for r in doc.select("#waste-table tbody tr")}
+    unsized = next(r for label, r in rows.items() if "unknown profile" in label)
+    cells = [td.get_text(strip=True) for td in unsized.select("td")]
+    assert cells[1] == cells[5] == cells[9] == DASH
+    free = next(r for label, r in rows.items() if label.endswith("GPU 1 unpartitioned"))
+    assert "size-unknown" in free["class"]
+    assert doc.select_one(".note.unsized") is not None
+    overview = page(client, "/?window=24h")
+    assert overview.select_one(".note.unsized") is not None
+
+
+def test_instance_list_marks_missing_privileges(client: TestClient, gaps: dict[str, Any]) -> None:
+    doc = page(client, "/instances")
+    marked = {r["data-instance"] for r in doc.select("#instances tbody tr") if r.select_one(".privileges")}
+    assert marked == {"i-gaps"}
