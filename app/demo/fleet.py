@@ -1,6 +1,6 @@
 """The demo's fleet: which simulated instances exist, what each runs, and when the spot ones are away.
 
-Every instance is a scenario of the agent's fake NVML (`agent/fake_nvml.py`) with a seed of its own, plus the
+Every instance is a scenario of the agent's fake NVML (`agent/fake_nvml/`) with a seed of its own, plus the
 EC2 identity its simulated instance metadata gives. The first instances tell the stories the product exists
 for; a larger fleet adds background instances after them. Everything is a function of the fleet seed and
 the epoch (the moment the stories are told from), so a fleet made again is the same fleet.
@@ -34,6 +34,7 @@ class Story:
     env: str
     legend: str | None = None
     page: str | None = None
+    """Where the story shows; `{instance_id}` stands for the story's own instance."""
 
 
 # The stories, in the order they are told. Each fake NVML scenario matches its instance type.
@@ -82,6 +83,18 @@ STORIES: tuple[Story, ...] = (
         "staging",
         "a shared A100 node in MIG mode: NVML cannot measure its slices, so their utilization is unknown",
         "/mig",
+    ),
+    Story(
+        "p4d-mig-unprivileged",
+        "p4d.24xlarge",
+        "us-east-1",
+        "on-demand",
+        "ml-platform",
+        "a100-mig-locked-down",
+        "prod",
+        "an A100 MIG host whose agent lacks the MIG monitor capability: its page says which figures are missing "
+        "and what to grant",
+        "/instances/{instance_id}",
     ),
     Story(
         "g6e-busy",

@@ -334,9 +334,9 @@ def _legend(fleet: DemoFleet, agents: LiveAgents, interval_s: int) -> None:
     )
     say("reading needs no login here (GPUFLEET_AUTH=off: this machine only)")
     say("the stories:")
-    for story in STORIES:
-        if story.legend:
-            print(f"  - {story.legend}: {story.page}", flush=True)
+    for story, inst in zip(STORIES, fleet.instances, strict=False):
+        if story.legend and story.page:
+            print(f"  - {story.legend}: {story.page.format(instance_id=inst.instance_id)}", flush=True)
     extra = len(fleet.instances) - len(STORIES)
     if extra > 0:
         print(f"  - and {extra} more instances at work in the background", flush=True)

@@ -54,10 +54,13 @@ def test_the_demo_tells_its_stories_live_and_stops_everything(tmp_path: Path) ->
         assert "g5.xlarge" in g5 and "team=vision" in g5
 
         overview = text_of(get(url))
-        assert re.search(r"Instances 12 ", overview), overview[:400]
+        assert re.search(r"Instances 13 ", overview), overview[:400]
         assert "ml-research" in overview and "inference" in overview
         mig = text_of(get(url + "mig"))
         assert "inference-serving" in mig and "shared-a100-mig" in mig
+        [page] = re.findall(r"what to grant: /(instances/i-0[0-9a-f]+)", demo.output)
+        locked = text_of(get(url + page))
+        assert "a100-mig-locked-down" in locked and "MIG monitor capability" in locked
 
         # One live interval: the simulated agents post through the ingest API.
         while samples_accepted(url) == 0:

@@ -99,9 +99,8 @@ def test_the_inference_p5_has_two_unused_slices_and_one_slice_never_partitioned(
     unused = underused_slices(views)
     assert sorted(u.slot.slice.profile for u in unused) == ["1g.10gb", "2g.20gb"]
     assert all(u.slot.reason == "no process all window" for u in unused)
-    # The one GPU of the fleet with capacity in no slice.
-    [free] = unpartitioned(every)
-    assert free.gpu.instance.name == "inference-serving"
+    # The one GPU of the serving host with capacity in no slice.
+    [free] = unpartitioned(views)
     assert free.gpu.gpu_index == 7 and free.free_slices == 1
     assert free.free_usd_per_hour == pytest.approx(55.04 / 8 / 7)
 
@@ -222,3 +221,20 @@ def test_spans_follow_the_grids_and_never_leave_a_sliver() -> None:
 
 def _utc(t: float) -> datetime:
     return datetime.fromtimestamp(t, UTC)
+
+
+def test_the_locked_down_a100_host_names_the_figures_it_could_not_read(
+    loaded: Loaded, module_sessions: sessionmaker[Session]
+) -> None:
+    with module_sessions() as session:
+        fleet = fleet_now(session, loaded)
+    gpus = sorted(
+        (g for g in fleet.gpus.values() if g.instance.name == "a100-mig-locked-down"), key=lambda g: g.gpu_index
+    )
+    assert [bool(g.permission_denied) for g in gpus] == [True] * 4 + [False] * 4
+    assert {(d.figure, d.grant) for d in gpus[0].permission_denied} == {
+        ("mem_used_mib", "mig-monitor"),
+        ("procs", "mig-monitor"),
+    }
+    slices = sorted(s.profile for s in fleet.slices_by_gpu[gpus[0].pk])
+    assert slices == ["1g.5gb"] * 7, "A100 40GB profiles, though the parent's memory was refused"

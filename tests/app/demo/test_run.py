@@ -55,7 +55,7 @@ def test_the_folder_remembers_its_fleet(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--instances", "3"], "gpufleet: the demo fleet has 8 to 500 instances, not 3\n"),
+        (["--instances", "3"], "gpufleet: the demo fleet has 9 to 500 instances, not 3\n"),
         (["--interval-s", "7"], "gpufleet: --interval-s must be one of 5, 10, 15, 20, 30, 60\n"),
         (["--port", "0"], "gpufleet: bad setting GPUFLEET_PORT: Input should be greater than or equal to 1\n"),
     ],
