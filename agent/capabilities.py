@@ -63,12 +63,7 @@ def report(nvml: Nvml, layout: tuple[GpuInfo, ...], *, simulated: str | None = N
 def _gpu(nvml: Nvml, reader: ProcessReader, index: int, handle: Any) -> dict[str, Any]:
     lib = nvml.lib
     calls: dict[str, str] = {}
-
-    def ask(name: str, *args: Any, **kwargs: Any) -> Any:
-        value = nvml.quiet(getattr(lib, name), *args, **kwargs)
-        calls[name] = value.reason if isinstance(value, Absent) else "ok"
-        return value
-
+    ask = _asker(nvml, calls)
     name = ask("nvmlDeviceGetName", handle)
     uuid = ask("nvmlDeviceGetUUID", handle)
     pci = ask("nvmlDeviceGetPciInfo", handle)
@@ -127,12 +122,7 @@ def _slices(nvml: Nvml, reader: ProcessReader, parent: Any) -> list[dict[str, An
         if isinstance(handle, Absent):
             continue
         calls: dict[str, str] = {}
-
-        def ask(name: str, *args: Any, _calls: dict[str, str] = calls, **kwargs: Any) -> Any:
-            value = nvml.quiet(getattr(lib, name), *args, **kwargs)
-            _calls[name] = value.reason if isinstance(value, Absent) else "ok"
-            return value
-
+        ask = _asker(nvml, calls)
         uuid = ask("nvmlDeviceGetUUID", handle)
         name = ask("nvmlDeviceGetName", handle)
         gi = ask("nvmlDeviceGetGpuInstanceId", handle)
@@ -164,6 +154,17 @@ def _slices(nvml: Nvml, reader: ProcessReader, parent: Any) -> list[dict[str, An
             }
         )
     return out
+
+
+def _asker(nvml: Nvml, calls: dict[str, str]) -> Callable[..., Any]:
+    """A caller of NVML functions by name that notes each answer ("ok" or the reason word) in `calls`."""
+
+    def ask(name: str, *args: Any, **kwargs: Any) -> Any:
+        value = nvml.quiet(getattr(nvml.lib, name), *args, **kwargs)
+        calls[name] = value.reason if isinstance(value, Absent) else "ok"
+        return value
+
+    return ask
 
 
 def _processes(reader: ProcessReader, handle: Any, calls: dict[str, str]) -> None:

@@ -15,15 +15,9 @@ import pytest
 from agent import fake_nvml
 from agent.fake_nvml import LIBRARY_MISMATCH, SCENARIOS, FakeNvml
 
+from .conftest import Clock
+
 MIB = 1024 * 1024
-
-
-class Clock:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.fixture
