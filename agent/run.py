@@ -116,8 +116,11 @@ class Agent:
                     tick += skipped
                     self.skipped_ticks += skipped
                 self._one_interval()
-                if self.collector.pending_mig_changes() and not self._release_for_mig_change(stop):
-                    break
+                if self.collector.pending_mig_changes():
+                    if not self._release_for_mig_change(stop):
+                        break
+                    # The new collector's first interval began when it started: keep the cadence from there.
+                    began, tick = self.clock(), 0
         finally:
             self._shutdown(stop, sender_thread)
 

@@ -100,3 +100,5 @@ def test_a_pending_mig_mode_change_releases_nvml_until_it_is_done(tmp_path: Path
     assert gpu4["mig_mode"] and [s["profile"] for s in gpu4["slices"]] == ["3g.20gb"]
     assert gpu4["unpartitioned_slices"] == 4
     assert batches[-1]["intervals"], "collecting again"
+    durations = [i["duration_s"] for b in batches for i in b["intervals"]]
+    assert min(durations) > 0.05, "the cadence starts again with the new layout, no stub interval"
