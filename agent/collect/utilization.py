@@ -53,7 +53,9 @@ class UtilizationSource:
             return
         # Start the interval at the newest sample already in the buffer, so the first average is this interval's.
         got = self.nvml.quiet(self.nvml.lib.nvmlDeviceGetSamples, gpu.handle, self._kind, 0)
-        if not isinstance(got, Absent) and got[1]:
+        if isinstance(got, Absent) and got.reason == "not_found":
+            gpu.memo["util_last_ts"] = 0  # an empty buffer: every sample from now on is this interval's
+        elif not isinstance(got, Absent) and got[1]:
             stamps = [int(s.timeStamp) for s in got[1]]
             gpu.memo["util_last_ts"] = max(stamps)
             gpu.memo["util_capacity"] = max(BUFFER_ENTRIES, len(stamps))
@@ -99,6 +101,7 @@ class UtilizationSource:
         if tally is None:
             tally = gpu.memo.setdefault("util_tally", _Tally())
         nvml = self.nvml
+        known = "util_last_ts" in gpu.memo
         last = int(gpu.memo.get("util_last_ts", 0))
         got = nvml.quiet(nvml.lib.nvmlDeviceGetSamples, gpu.handle, self._kind, last)
         if isinstance(got, Absent):
@@ -112,6 +115,12 @@ class UtilizationSource:
             return tally
         fresh = sorted((int(s.timeStamp), int(s.sampleValue.uiVal)) for s in got[1] if int(s.timeStamp) > last)
         if not fresh:
+            return tally
+        if not known:
+            # No baseline yet (the buffer was dry at the start, or MIG mode just ended): what the buffer holds
+            # may be older than the interval, so it only marks where the interval's samples begin.
+            gpu.memo["util_last_ts"] = fresh[-1][0]
+            _learn_period(gpu, [ts for ts, _ in fresh])
             return tally
         if max(v for _, v in fresh) > 100:
             # The documented unit is %; anything else would be a unit this agent does not know.

@@ -154,3 +154,28 @@ def test_not_supported_is_asked_once_then_remembered(host: Callable[[str], Host]
     interval = h.interval()
     assert h.lib.calls["nvmlDeviceGetSamples"] == asked + 7 * 2  # the seven other GPUs: one poll, one read
     assert h.reading(interval, interval.gpus[1].uuid)["util_source"] == "nvml.rate"
+
+
+def test_the_first_samples_after_an_idle_start_count(host: Callable[[str], Host]) -> None:
+    """A GPU idle when the agent starts has an empty buffer: whatever arrives next belongs to the interval."""
+    h = host("p5")
+    h.lib.set_load(6, 0.0)
+    h.interval()
+    t0 = h.clock.t
+    h.lib.set_load(6, 60.0, since=t0 + 1.0)
+    interval = h.interval()
+    assert h.reading(interval, interval.gpus[6].uuid)["util"] == pytest.approx(54.0, abs=1.0)
+
+
+def test_after_mig_mode_ends_the_buffer_s_old_samples_are_not_this_interval_s(host: Callable[[str], Host]) -> None:
+    h = host("p4d-mig")
+    h.interval()
+    h.lib.request_mig_mode(0, False)
+    h.lib.nvmlShutdown()  # the reset needs every NVML client gone, this collector's included
+    h.lib.reset_gpu(0)
+    h.lib.nvmlInit()
+    h.lib.set_load(0, 30.0)
+    first = h.interval()
+    assert h.reading(first, first.gpus[0].uuid)["util_source"] == "nvml.rate"
+    second = h.interval()
+    assert h.reading(second, second.gpus[0].uuid)["util"] == pytest.approx(30.0, abs=0.5)
