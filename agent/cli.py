@@ -81,18 +81,13 @@ def _config(args: argparse.Namespace) -> AgentConfig:
 def _open_nvml(config: AgentConfig) -> Any:
     from .nvml import Nvml, NvmlUnavailable, load_library
 
-    if config.fake_nvml:
-        from . import fake_nvml
-
-        if not fake_nvml.is_known(config.fake_nvml):
-            names = ", ".join(sorted(fake_nvml.SCENARIOS))
-            raise CliError(f"unknown fake NVML scenario {config.fake_nvml!r}; known: {names}, report:PATH")
-        try:
-            fake_nvml.load(config.fake_nvml)  # a report that cannot be read is bad input, not a driver problem
-        except fake_nvml.ReportError as exc:
-            raise CliError(str(exc)) from None
     try:
-        return Nvml.open(load_library(config.fake_nvml))
+        lib = load_library(config.fake_nvml)
+    except NvmlUnavailable as exc:
+        # A scenario that does not exist, or a report that cannot be read, is bad input, not a driver problem.
+        raise CliError(str(exc), EXIT_CONFIG if config.fake_nvml else EXIT_NVML) from None
+    try:
+        return Nvml.open(lib)
     except NvmlUnavailable as exc:
         raise CliError(str(exc), EXIT_NVML) from None
 

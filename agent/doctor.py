@@ -71,7 +71,6 @@ def _nvml_checks(config: AgentConfig, report: dict[str, Any] | None) -> Iterator
         )
         collector = Collector(nvml)
         interval = collector.sample(SAMPLE_S)
-        records = collector.sources[0]
         gpus = interval.gpus
         if not gpus:
             yield Check("GPUs", False, "NVML sees no GPU")
@@ -100,17 +99,19 @@ def _nvml_checks(config: AgentConfig, report: dict[str, Any] | None) -> Iterator
         by_uuid = {r.uuid: r for r in interval.readings}
         blind = [g for g in gpus if not g.mig_mode and by_uuid[g.uuid].util is None]
         yield Check("Utilization", not blind, ", ".join(parts) or "no devices")
+        errors = nvml.take_errors()  # the collector's, before the probe below makes calls of its own
         yield from _privilege_checks(gpus)
-        reader = getattr(records, "processes", None)
-        if reader is not None and reader.symbol:
+        probe = capabilities.report(nvml, gpus, simulated=config.fake_nvml)
+        yield from _call_checks(probe)
+        reader = collector.device.processes
+        if reader.symbol:
             size = f"{reader.record_bytes}-byte records" if reader.record_bytes else "no process to learn the size"
             yield Check("Process lists", True, f"{reader.symbol}, {size}")
-        errors = nvml.take_errors()
         if errors:
             worst = ", ".join(f"{k} x{v}" for k, v in Counter(errors).most_common(3))
             yield Check("NVML calls", True, f"{sum(errors.values())} failed calls, reported as absent: {worst}")
         if report is not None:
-            report["report"] = capabilities.report(nvml, gpus, simulated=config.fake_nvml)
+            report["report"] = probe
     finally:
         nvml.close()
 
@@ -130,6 +131,21 @@ def _privilege_checks(gpus: tuple[GpuInfo, ...]) -> Iterator[Check]:
             calls = ", ".join(dict.fromkeys(c for _, c in items))
             message = f"GPU {g.index}: {figures} refused ({calls}); grant {GRANTS.get(grant, grant)}"
             yield Check("Privileges", True, message, warn=True)
+
+
+def _call_checks(probe: dict[str, Any]) -> Iterator[Check]:
+    """Per GPU: how many of the agent's NVML calls (its slices' included) answered at this privilege, and what
+    the others answered; `WARN` where one was refused."""
+    for g in probe["gpus"]:
+        answers = [*g["calls"].values(), *(a for s in g["slices"] for a in s["calls"].values())]
+        others: dict[str, list[str]] = {}
+        for calls in [g["calls"], *(s["calls"] for s in g["slices"])]:
+            for call, answer in calls.items():
+                if answer != "ok" and call not in others.setdefault(answer, []):
+                    others[answer].append(call)
+        message = f"GPU {g['index']}: {answers.count('ok')} of {len(answers)} answered"
+        message += "".join(f"; {answer}: {', '.join(calls)}" for answer, calls in sorted(others.items()))
+        yield Check("Calls", True, message, warn="no_permission" in others)
 
 
 def _identity_check(config: AgentConfig) -> Check:

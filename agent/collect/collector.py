@@ -42,8 +42,9 @@ class Collector:
         self.wall_clock = wall_clock
         self.topology = Topology(nvml)
         # Order matters: utilization before GPM, so GPM fills a MIG parent's util only where the buffer cannot.
+        self.device = DeviceSource(nvml)
         self.sources: list[Source] = [
-            DeviceSource(nvml),
+            self.device,
             UtilizationSource(nvml),
             GpmSource(nvml),
             PowerSource(nvml, clock),

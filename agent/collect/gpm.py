@@ -46,7 +46,7 @@ class GpmSource:
         self._held.append(baselines)
         self._take(gpu, WHOLE, None, baselines)
         if gpu.mig_mode:
-            for key, gi in _instances(gpu).items():
+            for gi, key in _instances(gpu).items():
                 self._take(gpu, key, gi, baselines)
 
     def poll(self, gpu: GpuDevice) -> None:
@@ -73,11 +73,12 @@ class GpmSource:
         if not gpu.mig_mode:
             return
         live = _instances(gpu)
-        for gone in [k for k in baselines if k != WHOLE and k not in live]:
+        keys = set(live.values())
+        for gone in [k for k in baselines if k != WHOLE and k not in keys]:
             self._spare.append(baselines.pop(gone))
-        by_key = {key: self._measure(gpu, key, gi, baselines) for key, gi in live.items()}
+        by_gi = {gi: self._measure(gpu, key, gi, baselines) for gi, key in live.items()}
         for s in gpu.slices.values():
-            figures = by_key[_instance_key(gpu, s.gpu_instance_id)]
+            figures = by_gi[s.gpu_instance_id]
             if isinstance(figures, Absent):
                 s.util_reason = figures.reason
                 continue
@@ -165,12 +166,10 @@ class GpmSource:
         return values[0], values[1]
 
 
-def _instance_key(gpu: GpuDevice, gi: int) -> str:
-    """What identifies a GPU instance across intervals: the UUIDs of its MIG devices."""
-    return "gi:" + ",".join(sorted(s.uuid for s in gpu.slices.values() if s.gpu_instance_id == gi))
-
-
-def _instances(gpu: GpuDevice) -> dict[str, int]:
-    """The live GPU instances of a MIG-mode GPU: identity -> GPU-instance id."""
-    ids = {s.gpu_instance_id for s in gpu.slices.values()}
-    return {_instance_key(gpu, gi): gi for gi in ids}
+def _instances(gpu: GpuDevice) -> dict[int, str]:
+    """The live GPU instances of a MIG-mode GPU: GPU-instance id -> what identifies the instance across
+    intervals, the UUIDs of its MIG devices."""
+    uuids: dict[int, list[str]] = {}
+    for s in gpu.slices.values():
+        uuids.setdefault(s.gpu_instance_id, []).append(s.uuid)
+    return {gi: "gi:" + ",".join(sorted(found)) for gi, found in uuids.items()}

@@ -40,7 +40,6 @@ FIGURES = {
 }
 
 MONITOR_NODE = "/dev/nvidia-caps/nvidia-cap2"
-MONITOR_PROC = "/proc/driver/nvidia/capabilities/mig/monitor"
 DRIVER_PARAMS = "/proc/driver/nvidia/params"
 _CAP_SYS_ADMIN = 21  # linux/capability.h
 

@@ -25,7 +25,6 @@ SYMBOLS = (
     "nvmlDeviceGetComputeRunningProcesses_v2",
     "nvmlDeviceGetComputeRunningProcesses",
 )
-_DEFAULT_BYTES = {SYMBOLS[0]: 24, SYMBOLS[1]: 24, SYMBOLS[2]: 16}
 _LAYOUTS = {16: struct.Struct("=I4xQ"), 24: struct.Struct("=I4xQII"), 32: struct.Struct("=I4xQIIQ")}
 _WIDEST = 32
 _MARK = 0xA5  # no record ends in this byte: the last field is an id or a size, whose top byte is 0x00 or 0xFF

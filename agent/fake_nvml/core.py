@@ -49,7 +49,8 @@ class Core:
         self.spec = spec
         self.seed = seed
         self.calls: collections.Counter[str] = collections.Counter()
-        self.driver: Driver = DRIVERS[driver or spec.driver]
+        chosen = driver or spec.driver
+        self.driver: Driver = chosen if isinstance(chosen, Driver) else DRIVERS[chosen]
         self.privilege: Privilege = PRIVILEGES[privilege or spec.privilege]
         self._clock = clock
         self._has_driver = spec.has_driver

@@ -224,8 +224,11 @@ class MigCalls(Controls):
         g.procs = []
         g.mig_pending = None
         g.counters = GpmCounters(now)
-        g.curve = None if enabled else Curve(NO_LOAD, key_of(self.scenario, self.seed, g.index, "whole"), self.epoch)
-        g.weights = [] if enabled else [(1.0, g.curve)] if g.curve is not None else []
+        if enabled:
+            g.curve, g.weights = None, []
+        else:
+            g.curve = Curve(NO_LOAD, key_of(self.scenario, self.seed, g.index, "whole"), self.epoch)
+            g.weights = [(1.0, g.curve)]
         self._register(g)
 
     def create_gpu_instance(

@@ -25,8 +25,9 @@ class Proc:
 
 @dataclass(eq=False, slots=True)
 class GpmCounters:
-    """Activity integrated since the counters started (percent-seconds per metric), as GPM hardware counts it:
-    a GPU instance's counters start at zero when the instance is made."""
+    """Activity integrated since the counters started (percent-seconds per metric). A GPU instance's counters
+    start at zero when the instance is made: a remade instance is a new set of counters, which is why
+    nvidia_gpu_exporter (docs/METRICS.md) starts its GPM sampling again when a GPU instance is remade."""
 
     t: float
     totals: dict[str, float] = field(default_factory=lambda: dict.fromkeys(GPM_METRICS, 0.0))

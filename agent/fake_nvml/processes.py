@@ -3,10 +3,11 @@
 `_nvmlGetFunctionPointer` hands out the process-list entry points as C functions (ctypes callbacks) with the C
 signature `nvmlReturn_t fn(nvmlDevice_t, unsigned int *infoCount, nvmlProcessInfo_t *infos)`. Each writes its
 records in the layout the simulated driver uses (`hardware.Driver`): 16-byte v1 records for the unversioned
-symbol, 24-byte v2 records for `_v2`, and for `_v3` whatever that driver build writes, 32 bytes on 535.43 to
-535.86. The Python-level functions behave as nvidia-ml-py's wrappers do: they read the records through the
-installed binding's own struct, so a binding whose record size differs from the driver's misreads them, as on
-real hosts (XuehaiPan/nvitop#75).
+symbol (nvml.h's nvmlProcessInfo_v1_t; nvitop reads it so on drivers without `_v2`), 24-byte v2 records for
+`_v2`, and for `_v3` whatever that driver build writes, 32 bytes on 535.43 to 535.86. The Python-level
+functions behave as nvidia-ml-py's wrappers do: they read the records through the installed binding's own
+struct, so a binding whose record size differs from the driver's misreads them, as on real hosts
+(XuehaiPan/nvitop#75).
 """
 
 from __future__ import annotations
@@ -97,16 +98,11 @@ class ProcessCalls(Controls):
         if infos is None or room < len(procs):
             return int(nv.NVML_ERROR_INSUFFICIENT_SIZE)
         layout = RECORDS[stride]
-        hidden = self._per_process_memory_hidden(node)
         for i, p in enumerate(procs):
-            fields: tuple[int, ...] = (p.pid, NOT_AVAILABLE if hidden else p.used_bytes, p.gi_id, p.ci_id, 0)
+            fields: tuple[int, ...] = (p.pid, p.used_bytes, p.gi_id, p.ci_id, 0)
             packed = layout.pack(*fields[: _ARITY[stride]])
             ctypes.memmove(infos + i * stride, packed, stride)
         return int(nv.NVML_SUCCESS)
-
-    def _per_process_memory_hidden(self, node: Gpu | MigDevice) -> bool:
-        """Whether the driver withholds per-process memory here. Not simulated: the agent handles either."""
-        return False
 
     def _binding_list(self, symbol: str, record: Any, handle: Any) -> list[Any]:
         """What nvidia-ml-py's wrapper of `symbol` does: ask for the count, then read `count * 2 + 5` records of

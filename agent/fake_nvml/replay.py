@@ -110,7 +110,7 @@ def _scenario(report: dict[str, Any]) -> Scenario:
         None,
         tuple(gpus),
         tuple(bus_ids),
-        driver=_driver(report).version,
+        driver=_driver(report),
         failures=tuple(failures),
         sample_period_us=period_us,
         sample_slots=slots,
@@ -125,9 +125,7 @@ def _driver(report: dict[str, Any]) -> Driver:
     if known is not None and (v3 is None or v3 == known.v3_record_bytes):
         return known
     major, _, minor = str(report.get("cuda", "12.0")).partition(".")
-    driver = Driver(version, int(major) * 1000 + int(minor or 0) * 10, int(v3) if v3 else None)
-    DRIVERS[version] = driver
-    return driver
+    return Driver(version, int(major) * 1000 + int(minor or 0) * 10, int(v3) if v3 else None)
 
 
 def _model(g: dict[str, Any]) -> Model:

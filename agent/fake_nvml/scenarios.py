@@ -13,7 +13,7 @@ from .curves import (
     office,
     steady,
 )
-from .hardware import A10G, A100_40GB, DEFAULT_DRIVER, H100, L40S, Model
+from .hardware import A10G, A100_40GB, DEFAULT_DRIVER, H100, L40S, Driver, Model
 
 SCENARIOS: dict[str, str] = {
     "p4d-mig": "p4d.24xlarge: 8x A100-SXM4-40GB; GPUs 0-3 in MIG mode (mixed layouts, a sparse index), 4-7 whole",
@@ -89,7 +89,7 @@ class Scenario:
     gpus: tuple[GpuSpec, ...]
     bus_ids: tuple[int, ...] = ()
     has_driver: bool = True
-    driver: str = DEFAULT_DRIVER
+    driver: str | Driver = DEFAULT_DRIVER  # a key of DRIVERS, or a build only a replayed report knows
     privilege: str = "admin"
     failures: tuple[FailureSpec, ...] = ()
     # The utilization sample buffer: about 6 samples a second, about 100 kept (mindprince/gonvml bindings.go);

@@ -234,9 +234,14 @@ def test_once_on_an_unprivileged_p4d_names_a100_40gb_profiles_and_loses_no_slice
 
 def test_doctor_says_per_gpu_what_to_grant(env: dict[str, str]) -> None:
     result = agent("--fake-nvml", "p4d-mig-unprivileged", "doctor", env=env)
-    warnings = [line for line in result.stdout.splitlines() if line.startswith("WARN")]
+    lines = result.stdout.splitlines()
+    warnings = [line for line in lines if line.startswith("WARN  Privileges")]
     assert [w.split(":")[1].strip() for w in warnings] == [f"GPU {i}" for i in range(4)]
     assert all("grant the MIG monitor capability" in w and "nvidia-modprobe -f" in w for w in warnings)
+    calls = [line for line in lines if "Calls: GPU" in line]
+    assert [c.startswith("WARN") for c in calls] == [True] * 4 + [False] * 4
+    assert "no_permission: nvmlDeviceGetMemoryInfo, nvmlDeviceGetComputeRunningProcesses_v3" in calls[0]
+    assert calls[4].startswith("ok    Calls: GPU 4: 16 of 16 answered")
     assert result.returncode == 1  # no server configured; a warning alone does not fail
 
 

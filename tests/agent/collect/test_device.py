@@ -78,7 +78,7 @@ def test_process_counts_and_memory_are_right_on_every_driver_layout(
     h = host("p4d-mig", driver=driver)
     interval = h.interval()
     assert _process_figures(h, interval) == _true_process_figures(h, interval)
-    reader = h.collector.sources[0].processes  # type: ignore[attr-defined]
+    reader = h.collector.device.processes
     assert (reader.symbol, reader.record_bytes) == (symbol, record_bytes)
     assert h.nvml.take_errors() == {}
 
