@@ -72,6 +72,9 @@ def _gpu(nvml: Nvml, reader: ProcessReader, index: int, handle: Any) -> dict[str
     _processes(reader, handle, calls)
     ask("nvmlDeviceGetUtilizationRates", handle)
     samples = ask("nvmlDeviceGetSamples", handle, lib.NVML_GPU_UTILIZATION_SAMPLES, 0)
+    if isinstance(samples, Absent) and samples.reason == "not_found":
+        # NVML's answer for an empty buffer (an idle GPU records no sample), not a refusal.
+        calls["nvmlDeviceGetSamples"], samples = "ok", (lib.NVML_VALUE_TYPE_UNSIGNED_INT, [])
     power = ask("nvmlDeviceGetPowerUsage", handle)
     energy = ask("nvmlDeviceGetTotalEnergyConsumption", handle)
     limit = ask("nvmlDeviceGetEnforcedPowerLimit", handle)
