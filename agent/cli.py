@@ -101,7 +101,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config.server_url is None:
         raise CliError("GPUFLEET_AGENT_SERVER_URL is not set (in /etc/gpufleet/agent.env or the environment)")
     if not config.bearer_token():
-        raise CliError("no ingest token: set GPUFLEET_AGENT_TOKEN or GPUFLEET_AGENT_TOKEN_FILE")
+        if config.imds == "off":
+            raise CliError("no ingest token: set GPUFLEET_AGENT_TOKEN or GPUFLEET_AGENT_TOKEN_FILE")
+        # On EC2 the signed instance identity may authenticate alone (docs/agent.md, "Configuration").
+        logging.getLogger("gpufleet.agent").info(
+            "no ingest token: batches carry only the instance's signed identity, which the server must accept"
+        )
     if config.server_url.startswith("http://") and not _loopback(config.server_url):
         logging.getLogger("gpufleet.agent").warning(
             "GPUFLEET_AGENT_SERVER_URL is plain http: the token and the data cross the network unencrypted"

@@ -7,6 +7,7 @@ whose message names the variable, so the command line can print it as one line.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import socket
 from collections.abc import Callable, Mapping
@@ -73,6 +74,16 @@ class AgentConfig:
 
     def host_name(self) -> str:
         return socket.gethostname()
+
+
+HOST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""What the server takes as an instance id off EC2: letters, digits, '.', '_' and '-', first a letter or digit."""
+
+
+def host_id_from_name(name: str) -> str | None:
+    """A host name made into a host id (characters outside HOST_ID become '-'); None if nothing usable is left."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "-", name.strip()).lstrip("._-")[:128]
+    return cleaned or None
 
 
 def parse_env_file(text: str, *, source: str = "agent.env") -> dict[str, str]:
@@ -168,6 +179,16 @@ def _log_level(text: str) -> str:
     return level
 
 
+def _host_id(text: str) -> str:
+    value = text.strip()
+    if not HOST_ID.fullmatch(value):
+        raise ConfigError(
+            f"{PREFIX}HOST_ID: {value!r} is not a host id: 1 to 128 letters, digits, '.', '_' and '-', "
+            "starting with a letter or a digit"
+        )
+    return value
+
+
 def _nonempty(name: str) -> Callable[[str], str]:
     def convert(text: str) -> str:
         if not text.strip():
@@ -192,7 +213,7 @@ _CONVERTERS: dict[str, Callable[[str], Any]] = {
     "imds": _imds_mode,
     "imds_url": _nonempty("IMDS_URL"),
     "imds_timeout_s": _positive("IMDS_TIMEOUT_S"),
-    "host_id": _nonempty("HOST_ID"),
+    "host_id": _host_id,
     "instance_type": _nonempty("INSTANCE_TYPE"),
     "region": _nonempty("REGION"),
     "price_usd_per_hour": _price,

@@ -1,6 +1,7 @@
 """`gpufleet-agent doctor`: one line per check, for the person baking an AMI or debugging a host.
 
-Lines are `ok`, `WARN` (a figure the agent cannot read here, with what to grant; not a failure) or `FAIL`.
+Lines are `ok`, `WARN` (a figure the agent cannot read here, with what to grant, or batches the sender set
+aside; not a failure) or `FAIL`.
 With `--json` the same checks come with the host's capability report (`capabilities`).
 
 The token check posts an empty document to the ingest URL: the server authenticates before it validates,
@@ -21,7 +22,7 @@ from .collect.model import GpuInfo
 from .collect.privilege import FIGURES, GRANTS
 from .config import AgentConfig, ConfigError
 from .httpclient import HttpError, request, tls_context
-from .send import Poster
+from .send import ASIDE_RETRY_S, Poster
 from .spool import Spool
 
 SAMPLE_S = 1.0  # a short interval, long enough for GPM's 100 ms minimum and a few buffer samples
@@ -171,7 +172,11 @@ def _spool_check(config: AgentConfig) -> Check:
     message = f"{config.spool_dir} writable, {waiting} batches waiting ({size // 1024} KiB)"
     if rejected:
         message += f", {rejected} rejected by the server (see {spool.rejected_dir})"
-    return Check("Spool", True, message)
+    aside = len(spool.aside())
+    if aside:
+        every = f"{ASIDE_RETRY_S / 60:g} min"
+        message += f", {aside} set aside after repeated server errors, tried every {every} (see {spool.aside_dir})"
+    return Check("Spool", True, message, warn=bool(aside))
 
 
 def _server_checks(config: AgentConfig) -> Iterator[Check]:

@@ -7,10 +7,14 @@ the instance metadata service.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import math
 import os
 import ssl
 from dataclasses import dataclass
+from datetime import UTC
+from email.utils import parsedate_to_datetime
 from urllib.parse import urlsplit
 
 
@@ -23,6 +27,24 @@ class Response:
     status: int
     body: bytes
     headers: dict[str, str]
+
+
+def parse_retry_after(value: str | None, now: float) -> float | None:
+    """Seconds to wait from a `Retry-After` header: delay-seconds or an HTTP date (RFC 9110, 10.2.3), against
+    `now` (Unix seconds). None when absent or unreadable; a date in the past gives 0."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # "-0000": the RFC's dates are GMT
+        when = when.replace(tzinfo=UTC)
+    seconds = when.timestamp() - now
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 def tls_context(ca_bundle: str | None = None) -> ssl.SSLContext:
@@ -78,7 +100,10 @@ def request(
     except ValueError as exc:
         raise HttpError(f"bad URL {url!r}: {exc}") from None
     try:
-        conn.request(method, target, body=body, headers=headers or {})
+        # A server may answer from the headers alone (401, 413, 503) and close before the body is in; its
+        # answer is then already on the socket, and worth more than the broken pipe.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            conn.request(method, target, body=body, headers=headers or {})
         answer = conn.getresponse()
         data = answer.read(max_body)
         return Response(answer.status, data, {k.lower(): v for k, v in answer.getheaders()})

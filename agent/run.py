@@ -68,6 +68,8 @@ class Agent:
         url = config.ingest_url
         if poster is None and url is not None:
             poster = Poster(url, config.bearer_token(), ca_bundle=config.ca_bundle, timeout_s=config.http_timeout_s)
+        if poster is not None and poster.identity is None:
+            poster.identity = resolver.signed_identity  # the X-Gpufleet-Instance-Identity header, on EC2
         self.sender = (
             Sender(self.spool, poster, backoff_base_s=backoff_base_s, backoff_max_s=config.backoff_max_s)
             if poster is not None
@@ -141,6 +143,20 @@ class Agent:
         events = self.resolver.poll_events()
         if events:
             self._record_events(events)
+        self._delivery_events()
+
+    def _delivery_events(self) -> None:
+        """Journal the events the sender thread left in the spool (a batch set aside, or delivered at last);
+        they leave the spool only once journaled."""
+        events = self.spool.events()
+        if not events:
+            return
+        try:
+            self._seal(self.batcher.add_events(events, self._current_identity().to_wire()))
+        except OSError as exc:
+            log.error("cannot write to the spool at %s: %s", self.config.state_dir, exc)
+            return
+        self.spool.discard_events(len(events))
 
     def _one_interval(self) -> None:
         interval = self.collector.collect()
@@ -242,6 +258,7 @@ class Agent:
         return {"ts": datetime.now(UTC).isoformat().replace("+00:00", "Z"), "kind": kind, "details": details}
 
     def _shutdown(self, stop: threading.Event, sender_thread: threading.Thread | None) -> None:
+        self._delivery_events()
         try:
             self.batcher.flush()
         except OSError as exc:
@@ -263,5 +280,10 @@ class Agent:
                 self.sender.send_pending(last)
             finally:
                 timer.cancel()
-        waiting = len(self.spool.pending())
-        log.info("stopped after %d intervals; %d batches wait in the spool for the next start", self.intervals, waiting)
+        waiting, aside = len(self.spool.pending()), len(self.spool.aside())
+        log.info(
+            "stopped after %d intervals; %d batches wait in the spool for the next start%s",
+            self.intervals,
+            waiting + aside,
+            f" ({aside} of them set aside after repeated server errors)" if aside else "",
+        )

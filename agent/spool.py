@@ -9,7 +9,11 @@ Two stages, both on disk:
 
 The spool is bounded by size and age. When it overflows, the oldest batches go first; they are counted,
 and the count rides in the next batch sealed (`agent.dropped_batches`), so the server knows about the gap.
-Batches the server calls bad are moved to `rejected/`, never retried.
+Batches the server calls bad are moved to `rejected/`, never retried. A batch the server keeps failing on
+is moved to `aside/` by the sender, so the newer ones can go; it still counts toward both bounds.
+
+The sender thread leaves agent events for the collecting thread in `events.json` (durable, so a restart
+loses none); the collecting thread journals them into the open batch.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +34,9 @@ log = logging.getLogger("gpufleet.agent.spool")
 
 JOURNAL = "open.jsonl"
 DROPPED = "dropped"
+EVENTS = "events.json"
 REJECTED_KEEP = 50
+EVENTS_KEEP = 100  # events waiting to be journaled; beyond this the oldest go (one batch holds 100)
 
 
 @dataclass(frozen=True, order=True)
@@ -76,6 +82,7 @@ class Spool:
         """`tidy=False` looks without touching: for `doctor`, which may run beside the service."""
         self.dir = directory
         self.rejected_dir = directory / "rejected"
+        self.aside_dir = directory / "aside"
         self.max_bytes = max_bytes
         self.max_age_s = max_age_s
         self.wall_clock = wall_clock
@@ -85,8 +92,11 @@ class Spool:
             for stale in self.dir.glob(".*.tmp"):
                 stale.unlink(missing_ok=True)
         self._batches = sorted(b for b in map(self._parse, self.dir.iterdir()) if b is not None)
-        self._bytes = sum(b.size for b in self._batches)
-        self._next_seq = self._batches[-1].seq + 1 if self._batches else 1
+        aside = self.aside_dir.iterdir() if self.aside_dir.is_dir() else iter(())
+        self._aside = sorted(b for b in map(self._parse, aside) if b is not None)
+        self._bytes = sum(b.size for b in self._batches) + sum(b.size for b in self._aside)
+        self._next_seq = max((b.seq for b in self._batches + self._aside), default=0) + 1
+        self._events_waiting = (self.dir / EVENTS).exists()  # spares a failing open() at every interval
 
     # -- sealed batches -------------------------------------------------------------------------------
 
@@ -139,9 +149,35 @@ class Spool:
             self._forget(batch)
 
     def _forget(self, batch: SpooledBatch) -> None:
-        if batch in self._batches:
+        for batches in (self._batches, self._aside):
+            if batch in batches:
+                batches.remove(batch)
+                self._bytes -= batch.size
+
+    def set_aside(self, batch: SpooledBatch) -> SpooledBatch | None:
+        """Take a batch the server keeps failing on out of the queue, keeping it on disk for rarer retries.
+        None if the batch is gone meanwhile (dropped by a bound)."""
+        with self._lock:
+            if batch not in self._batches:
+                return None
+            self.aside_dir.mkdir(exist_ok=True, mode=0o700)
+            moved = replace(batch, path=self.aside_dir / batch.path.name)
+            try:
+                os.replace(batch.path, moved.path)
+            except FileNotFoundError:
+                self._forget(batch)
+                return None
+            _fsync_dir(self.aside_dir)
+            _fsync_dir(self.dir)
             self._batches.remove(batch)
-            self._bytes -= batch.size
+            self._aside.append(moved)
+            self._aside.sort()
+            return moved
+
+    def aside(self) -> list[SpooledBatch]:
+        """Batches set aside, oldest first (they leave by delivery, rejection or the age and size bounds)."""
+        with self._lock:
+            return list(self._aside)
 
     def reject(self, batch: SpooledBatch, reason: str) -> Path:
         """Move a batch the server refused as bad out of the queue, with the reason beside it."""
@@ -166,19 +202,25 @@ class Spool:
         """Batches kept in `rejected/` for a person to look at."""
         return len(list(self.rejected_dir.glob("*.gz"))) if self.rejected_dir.is_dir() else 0
 
+    def _oldest_of_all(self) -> SpooledBatch | None:
+        """The oldest batch, queued or set aside: the bounds drop it first."""
+        heads = [b[0] for b in (self._batches, self._aside) if b]
+        return min(heads) if heads else None
+
     def _enforce_bounds(self) -> None:
         self._enforce_age()
         # The newest batch always stays, however small the bound.
-        while self._bytes > self.max_bytes and len(self._batches) > 1:
+        while self._bytes > self.max_bytes and len(self._batches) + len(self._aside) > 1:
             self._drop_oldest("spool over its size bound")
 
     def _enforce_age(self) -> None:
         cutoff_ms = (self.wall_clock() - self.max_age_s) * 1000
-        while self._batches and self._batches[0].created_ms < cutoff_ms:
+        while (oldest := self._oldest_of_all()) is not None and oldest.created_ms < cutoff_ms:
             self._drop_oldest("older than the spool's age bound")
 
     def _drop_oldest(self, why: str) -> None:
-        batch = self._batches[0]
+        batch = self._oldest_of_all()
+        assert batch is not None
         self._forget(batch)
         batch.path.unlink(missing_ok=True)
         self._add_dropped(1 + batch.carried)
@@ -211,6 +253,42 @@ class Spool:
         with self._lock:
             if count:
                 self._add_dropped(count)
+
+    # -- events from the sender ---------------------------------------------------------------------
+
+    def add_event(self, event: dict[str, Any]) -> None:
+        """Keep an event (`ts`, `kind`, `details`) durably until the collecting thread journals it."""
+        with self._lock:
+            events = [*self._read_events(), event]
+            if len(events) > EVENTS_KEEP:
+                log.warning("%d delivery events not yet journaled were dropped", len(events) - EVENTS_KEEP)
+            write_atomic(self.dir / EVENTS, json.dumps(events[-EVENTS_KEEP:], separators=(",", ":")).encode())
+            self._events_waiting = True
+
+    def events(self) -> list[dict[str, Any]]:
+        """Events waiting to be journaled, oldest first; they stay until `discard_events`."""
+        with self._lock:
+            return self._read_events() if self._events_waiting else []
+
+    def discard_events(self, count: int) -> None:
+        """Forget the first `count` events: they are in the journal now."""
+        with self._lock:
+            rest = self._read_events()[count:]
+            if rest:
+                write_atomic(self.dir / EVENTS, json.dumps(rest, separators=(",", ":")).encode())
+            else:
+                (self.dir / EVENTS).unlink(missing_ok=True)
+                self._events_waiting = False
+
+    def _read_events(self) -> list[dict[str, Any]]:
+        try:
+            events = json.loads((self.dir / EVENTS).read_bytes())
+        except FileNotFoundError:
+            return []
+        except ValueError:
+            log.warning("unreadable %s ignored", self.dir / EVENTS)
+            return []
+        return [e for e in events if isinstance(e, dict)] if isinstance(events, list) else []
 
 
 class Journal:

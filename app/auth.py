@@ -31,6 +31,8 @@ class Caller:
     token_id: int
     name: str
     scope: str
+    instance_id: str | None = None
+    """For an ingest token bound to one instance: that instance; None: fleet-wide."""
 
 
 def hash_secret(secret: str) -> str:
@@ -38,16 +40,25 @@ def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def create_token(session: Session, *, name: str, scope: str) -> tuple[ApiToken, str]:
-    """A new token and its secret; the secret is not stored and cannot be shown again."""
+def create_token(session: Session, *, name: str, scope: str, instance_id: str | None = None) -> tuple[ApiToken, str]:
+    """A new token and its secret; the secret is not stored and cannot be shown again. `instance_id` binds an
+    ingest token to the one instance it may report."""
     if scope not in SCOPES:
         raise ValueError(f"unknown scope {scope!r}; choose one of {', '.join(SCOPES)}")
     if not name.strip() or len(name) > 100:
         raise ValueError("a token name is 1 to 100 characters")
+    if instance_id is not None:
+        instance_id = instance_id.strip()
+        if scope != "ingest":
+            raise ValueError("only an ingest token can be bound to an instance")
+        if not instance_id or len(instance_id) > 128:
+            raise ValueError("an instance id is 1 to 128 characters")
     if session.scalar(select(ApiToken.id).where(ApiToken.name == name)) is not None:
         raise ValueError(f"a token named {name!r} already exists")
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    token = ApiToken(name=name, scope=scope, secret_sha256=hash_secret(secret), hint=secret[:8])
+    token = ApiToken(
+        name=name, scope=scope, secret_sha256=hash_secret(secret), hint=secret[:8], instance_id=instance_id
+    )
     session.add(token)
     session.flush()
     return token, secret
@@ -88,9 +99,14 @@ def authenticate(session: Session, authorization: str | None, *, needed: str, no
     if kind.lower() != "bearer" or not secret.strip():
         raise _unauthorized("Authorization header must be: Bearer <token>")
     row = session.execute(
-        select(ApiToken.id, ApiToken.name, ApiToken.scope, ApiToken.revoked_at, ApiToken.last_used_at).where(
-            ApiToken.secret_sha256 == hash_secret(secret.strip())
-        )
+        select(
+            ApiToken.id,
+            ApiToken.name,
+            ApiToken.scope,
+            ApiToken.revoked_at,
+            ApiToken.last_used_at,
+            ApiToken.instance_id,
+        ).where(ApiToken.secret_sha256 == hash_secret(secret.strip()))
     ).first()
     if row is None:
         raise _unauthorized("unknown token")
@@ -100,7 +116,7 @@ def authenticate(session: Session, authorization: str | None, *, needed: str, no
         raise ApiError(403, f"token scope {row.scope!r} does not allow {needed!r}")
     if row.last_used_at is None or now - row.last_used_at > _LAST_USED_GRANULARITY:
         session.execute(update(ApiToken).where(ApiToken.id == row.id).values(last_used_at=now))
-    return Caller(token_id=row.id, name=row.name, scope=row.scope)
+    return Caller(token_id=row.id, name=row.name, scope=row.scope, instance_id=row.instance_id)
 
 
 # Who may call each route ----------------------------------------------------------------------------------------

@@ -258,12 +258,18 @@ def cmd_token_create(args: argparse.Namespace) -> None:
 
     def work(session: object) -> None:
         try:
-            token, secret = create_token(session, name=args.name, scope=args.scope)  # type: ignore[arg-type]
+            token, secret = create_token(
+                session,  # type: ignore[arg-type]
+                name=args.name,
+                scope=args.scope,
+                instance_id=args.instance,
+            )
         except ValueError as exc:
             _fail(str(exc))
         print(secret)
+        bound = f", reports only instance {token.instance_id}" if token.instance_id else ""
         print(
-            f"gpufleet: token {token.name!r} (scope {token.scope}) created; the secret above is shown only once",
+            f"gpufleet: token {token.name!r} (scope {token.scope}{bound}) created; the secret above is shown only once",
             file=sys.stderr,
         )
 
@@ -278,6 +284,8 @@ def cmd_token_list(args: argparse.Namespace) -> None:
         print(f"{'ID':>4}  {'NAME':<24} {'SCOPE':<7} {'HINT':<11} {'CREATED':<20} {'LAST USED':<20} STATUS")
         for t in tokens:
             status = f"revoked {t.revoked_at:%Y-%m-%d %H:%M}" if t.revoked_at else "active"
+            if t.instance_id:
+                status += f", instance {t.instance_id}"
             used = f"{t.last_used_at:%Y-%m-%d %H:%M:%S}" if t.last_used_at else "never"
             print(
                 f"{t.id:>4}  {t.name:<24} {t.scope:<7} {t.hint + '...':<11} {t.created_at:%Y-%m-%d %H:%M:%S}  "
@@ -454,6 +462,11 @@ def build_parser() -> argparse.ArgumentParser:
     db_args(p)
     p.add_argument("--name", required=True)
     p.add_argument("--scope", required=True, choices=["ingest", "read", "admin"])
+    p.add_argument(
+        "--instance",
+        metavar="ID",
+        help="ingest only: the one instance (i-...) this token may report; without it the token is fleet-wide",
+    )
     p.set_defaults(func=cmd_token_create)
     p = token.add_parser("list", help="list tokens (secrets are never shown)")
     db_args(p)

@@ -24,11 +24,14 @@ def sqlalchemy_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
-def make_engine(url: str, *, pool_size: int = 10) -> Engine:
+def make_engine(url: str, *, pool_size: int = 10, pool_timeout_s: float = 30.0) -> Engine:
+    """`pool_timeout_s`: how long a checkout waits for a free connection before raising (the server answers
+    503 then, app/failsafe.py)."""
     engine = create_engine(
         sqlalchemy_url(url),
         pool_size=pool_size,
         max_overflow=pool_size,
+        pool_timeout=pool_timeout_s,
         pool_pre_ping=True,
         connect_args={"connect_timeout": 10},
     )
@@ -43,7 +46,10 @@ def make_engine(url: str, *, pool_size: int = 10) -> Engine:
     @event.listens_for(engine, "rollback")
     def _on_rollback(conn: Any) -> None:
         # A rollback also undoes what the transaction created on the connection (the ingest path's temporary
-        # staging table): forget every such marker, so the next user makes it again.
+        # staging table): forget every such marker, so the next user makes it again. A connection lost
+        # mid-transaction is thrown away with its markers, and touching it would hide the error that lost it.
+        if conn.invalidated:
+            return
         info = conn.connection.info
         for key in [k for k in info if isinstance(k, str) and k.startswith(TRANSIENT_PREFIX)]:
             del info[key]

@@ -9,6 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from .auth import requires
 from .migrate import current_revision, head_revision
+from .outage import RETRY_AFTER_S, database_unavailable, describe
 from .state import AppState, app_state
 
 router = APIRouter(tags=["health"])
@@ -25,8 +26,9 @@ def _readiness(state: AppState) -> tuple[bool, dict[str, str | None]]:
         with state.engine.connect() as conn:
             current = current_revision(conn)
     except SQLAlchemyError as exc:
-        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-        return False, {"status": "not ready", "reason": f"database unreachable: {reason}"}
+        if database_unavailable(exc):
+            state.outage.down(exc)
+        return False, {"status": "not ready", "reason": f"database unreachable: {describe(exc)}"}
     if current != head:
         return False, {
             "status": "not ready",
@@ -38,9 +40,11 @@ def _readiness(state: AppState) -> tuple[bool, dict[str, str | None]]:
 @router.get(
     "/readyz",
     summary="The database answers and its schema is at the newest migration",
-    responses={503: {"description": "Not ready; `reason` says why."}},
+    responses={503: {"description": "Not ready; `reason` says why, `Retry-After` when to ask again."}},
     openapi_extra=requires(None),
 )
 async def readyz(request: Request) -> JSONResponse:
     ok, body = await run_in_threadpool(_readiness, app_state(request))
-    return JSONResponse(body, status_code=200 if ok else 503)
+    if ok:
+        return JSONResponse(body)
+    return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})

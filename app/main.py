@@ -10,28 +10,32 @@ from contextlib import asynccontextmanager, suppress
 from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from . import __version__
 from .auth import SECURITY_SCHEMES
 from .db import make_engine, make_sessionmaker
-from .errors import ApiError
+from .failsafe import ErrorBoundary
+from .headers import SecurityHeaders
 from .health import router as health_router
 from .ingest.routes import router as ingest_router
 from .ingest.schemas import ErrorOut, IngestBatchIn
 from .metrics.routes import router as metrics_router
 from .metrics.server import CountDatabaseErrors, ServerMetrics, multiprocess_dir
+from .outage import DatabaseOutage, database_unavailable
 from .pricing.config import load_price_config
 from .pricing.resolve import Pricer
 from .report.routes import router as report_router
 from .settings import Settings, get_settings
 from .state import AppState
 from .store.partitions import upkeep
+from .web import errors
 from .web.access import ToLogin, to_login
+from .web.api_docs import OPENAPI_PATH
+from .web.api_docs import router as api_docs_router
 from .web.login import router as login_router
 from .web.pages import router as pages_router
 from .web.templating import STATIC_DIR, AssetFiles
@@ -52,13 +56,16 @@ def run_upkeep(engine: Engine, settings: Settings) -> None:
         log.info("partitions: created %d day(s), dropped %s", len(result.created_days), result.dropped or "none")
 
 
-async def _upkeep_loop(engine: Engine, settings: Settings, metrics: ServerMetrics) -> None:
+async def _upkeep_loop(engine: Engine, settings: Settings, metrics: ServerMetrics, outage: DatabaseOutage) -> None:
     while True:
         try:
             await asyncio.to_thread(run_upkeep, engine, settings)
         except SQLAlchemyError as exc:
             metrics.database_error("upkeep")
-            log.warning("partition upkeep failed, will retry: %s", exc)
+            if database_unavailable(exc):
+                outage.down(exc)  # logged once per outage, with the requests that fail for the same reason
+            else:
+                log.warning("partition upkeep failed, will retry: %s", exc)
         await asyncio.sleep(settings.maintenance_interval_s)
 
 
@@ -83,15 +90,24 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Read now, so a bad price file stops the server before it serves (PriceConfigError names the problem).
     pricer = Pricer(load_price_config(settings.prices_file))
     metrics = ServerMetrics(multiprocess_dir())
+    outage = DatabaseOutage()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         tune_gc()
-        engine = make_engine(settings.database_url or "", pool_size=settings.db_pool_size)
-        app.state.gpufleet = AppState(
-            settings=settings, engine=engine, sessions=make_sessionmaker(engine), pricer=pricer, metrics=metrics
+        engine = make_engine(
+            settings.database_url or "", pool_size=settings.db_pool_size, pool_timeout_s=settings.db_pool_timeout_s
         )
-        task = asyncio.create_task(_upkeep_loop(engine, settings, metrics))
+        outage.watch(engine)
+        app.state.gpufleet = AppState(
+            settings=settings,
+            engine=engine,
+            sessions=make_sessionmaker(engine),
+            pricer=pricer,
+            metrics=metrics,
+            outage=outage,
+        )
+        task = asyncio.create_task(_upkeep_loop(engine, settings, metrics, outage))
         try:
             yield
         finally:
@@ -105,20 +121,25 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         summary="Where the money of a GPU fleet goes.",
         lifespan=lifespan,
+        # /docs is served from the package's own assets (app/web/api_docs.py); /redoc would need a CDN.
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=OPENAPI_PATH,
     )
     app.include_router(health_router)
     app.include_router(ingest_router)
     app.include_router(report_router)
     app.include_router(metrics_router)
     app.mount("/static", AssetFiles(directory=STATIC_DIR), name="static")
-    app.add_middleware(CountDatabaseErrors, metrics=metrics)
+    app.include_router(api_docs_router)
     app.include_router(login_router)
     app.include_router(pages_router)
     app.add_exception_handler(ToLogin, to_login)
-
-    @app.exception_handler(ApiError)
-    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
+    errors.install(app)
+    # The last added runs first: the headers go on every answer, the error boundary's included.
+    app.add_middleware(CountDatabaseErrors, metrics=metrics)
+    app.add_middleware(ErrorBoundary, outage=outage)
+    app.add_middleware(SecurityHeaders)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -31,7 +31,7 @@ from sqlalchemy import (
     Uuid,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import JSONB, TSTZMULTIRANGE
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 NAMING_CONVENTION = {
@@ -68,6 +68,10 @@ class ApiToken(Base):
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=text("now()"))
     last_used_at: Mapped[datetime | None] = mapped_column(TZ)
     revoked_at: Mapped[datetime | None] = mapped_column(TZ)
+    # Added by migration 0009.
+    instance_id: Mapped[str | None] = mapped_column(
+        String(128), index=True, comment="The one instance an ingest token may report; NULL: any not bound otherwise."
+    )
 
 
 class WebSession(Base):
@@ -121,6 +125,12 @@ class Instance(Base):
         JSONB,
         server_default=text("'{}'::jsonb"),
         comment="NVML call failures per 'call:reason' in the newest batch, count since the agent's previous batch.",
+    )
+    # Added by migration 0009.
+    identity_account_id: Mapped[str | None] = mapped_column(
+        String(12),
+        comment="AWS account of the signed instance identity this instance reported with; once set, only a "
+        "verified identity may report it.",
     )
 
 
@@ -296,6 +306,12 @@ rollups_hourly = Table(
     "rollups_hourly",
     Base.metadata,
     *_rollup_columns("hour", "Start of the UTC hour."),
+    # Migration 0008, which appends it.
+    Column(
+        "covered",
+        TSTZMULTIRANGE,
+        comment="Time of the hour already counted for the device, gaps under a second closed; NULL: not recorded.",
+    ),
     PrimaryKeyConstraint("device_id", "hour"),
     postgresql_partition_by="RANGE (hour)",
 )
@@ -373,6 +389,9 @@ device_status = Table(
     Column("power_w", SmallInteger, comment="Newest sample: mean power, W."),
     Column("temp_c", SmallInteger, comment="Newest sample: temperature, degrees C."),
     *[c for b in UTIL_BOUNDS for c in _status_bound_columns(b)],
+    # Migration 0008, which appends them: what lets the ingest path skip the coverage check (app.store.coverage).
+    Column("covered_from", TZ, comment="Start of a stretch known to be counted, up to covered_until; NULL: none."),
+    Column("covered_until", TZ, comment="End of the device's counted time, its latest; NULL: none recorded."),
     postgresql_with={"fillfactor": 70},
 )
 

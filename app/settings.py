@@ -9,8 +9,12 @@ from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+PARSED_BYTES_PER_JSON_BYTE = 16
+"""Memory a parsed ingest batch takes per byte of its JSON, rounded up: a batch of samples is many small
+objects (measured: 2.9 MiB of JSON became 41 MiB of models)."""
 
 
 def default_data_dir() -> Path:
@@ -55,6 +59,44 @@ class Settings(BaseSettings):
         default=256, ge=0, description="Memory used at or above this (MiB) counts as held in rollups."
     )
     db_pool_size: int = Field(default=10, ge=1)
+    db_pool_timeout_s: float = Field(
+        default=10.0, gt=0, description="How long a request waits for a free database connection, s; then 503."
+    )
+
+    # Ingest admission and load shedding: docs/ingest-protocol.md, "Limits and load shedding".
+    ingest_memory_budget_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=1,
+        description="Memory all ingest requests of a worker may hold at once, bytes: the body as received, its "
+        f"JSON after gzip is undone, {PARSED_BYTES_PER_JSON_BYTE} times that JSON for the parsed batch; past it: 503.",
+    )
+    ingest_max_storing: int | None = Field(
+        default=None, ge=1, description="Batches one worker parses and stores at once; unset: GPUFLEET_DB_POOL_SIZE."
+    )
+    ingest_max_parsing: int = Field(default=2, ge=1, description="Batches one worker decodes and parses at once.")
+    ingest_slot_wait_s: float = Field(
+        default=2.0, ge=0, le=60, description="Longest wait for a free slot before a batch is refused with 503, s."
+    )
+    ingest_retry_after_s: int = Field(default=5, ge=1, le=3600, description="Retry-After of a shed request, s.")
+    ingest_token_cache_s: float = Field(
+        default=5.0, ge=0, le=300, description="How long a token lookup is reused before the body is read, s."
+    )
+
+    @model_validator(mode="after")
+    def _budget_holds_one_body(self) -> Settings:
+        # A budget that cannot hold the largest allowed body refuses it for ever, and an agent would send it
+        # again without end.
+        need = (2 + PARSED_BYTES_PER_JSON_BYTE) * self.max_body_bytes
+        if self.ingest_memory_budget_bytes < need:
+            raise ValueError(
+                f"GPUFLEET_INGEST_MEMORY_BUDGET_BYTES must be at least {2 + PARSED_BYTES_PER_JSON_BYTE} times "
+                f"GPUFLEET_MAX_BODY_BYTES ({need})"
+            )
+        return self
+
+    @property
+    def ingest_store_slots(self) -> int:
+        return self.ingest_max_storing or self.db_pool_size
 
     # Waste analysis: docs/waste.md explains each default.
     prices_file: Path | None = Field(
@@ -95,6 +137,38 @@ class Settings(BaseSettings):
     proxy_user_header: str = Field(
         default="X-Forwarded-User", description="Header naming the user a trusted proxy has authenticated."
     )
+    # Signed EC2 instance identity at ingest: docs/ingest-protocol.md, "Authentication".
+    identity_accounts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="AWS account ids (comma-separated) whose signed instance identity may post batches; "
+        "empty: identity is not accepted.",
+    )
+    identity_extra_certs: Path | None = Field(
+        default=None,
+        description="PEM file of certificates trusted beside AWS's for instance identity signatures (tests, demo).",
+    )
+
+    @field_validator("identity_accounts", mode="before")
+    @classmethod
+    def _accounts(cls, value: object) -> object:
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list | tuple):
+            return value
+        accounts = [str(item).strip() for item in items if str(item).strip()]
+        for account in accounts:
+            if not re.fullmatch(r"\d{12}", account):
+                raise ValueError(f"an AWS account id is 12 digits, not {account[:20]!r}")
+        return accounts
+
+    @field_validator("identity_extra_certs")
+    @classmethod
+    def _extra_certs(cls, value: Path | None) -> Path | None:
+        if value is None:
+            return None
+        from .ingest.identity import load_certificates
+
+        load_certificates(value.expanduser())  # a file that does not load stops the server at start
+        return value.expanduser()
 
     @field_validator("auth", "cookie_secure", mode="before")
     @classmethod

@@ -2,6 +2,11 @@
 number of rows into `samples` is the physical reference.
 
     .venv/bin/python bench/ingest.py [--seconds 30] [--agents 32] [--intervals 6] [--database-url URL] [--workers 2]
+    .venv/bin/python bench/ingest.py --realistic [--agents 64]
+
+`--realistic` sends what agents at their defaults send (bench/instances.py: 8 GPUs, some in MIG mode, the agent's
+intervals per batch) and reports how many such instances the server keeps up with (`instances_sustained`).
+A 503 is answered as an agent does: the same batch again after its Retry-After.
 
 Progress goes to stderr; the last line of stdout is one JSON object with the results.
 """
@@ -198,6 +203,11 @@ def make_body(spec: AgentSpec, n: int) -> bytes:
     return gzip.compress(orjson.dumps(make_batch(spec, n)), compresslevel=6, mtime=0)
 
 
+def spec_devices(spec: AgentSpec) -> int:
+    """Samples per interval of this agent: every GPU, and every slice of a MIG GPU."""
+    return len(spec.plain) + sum(1 + len(slices) for _gpu, slices in spec.mig)
+
+
 def build_bodies(spec: AgentSpec, count: int) -> list[bytes]:
     return [make_body(spec, n) for n in range(min(count, spec.limit))]
 
@@ -235,6 +245,8 @@ class AgentStats:
     batches: int = 0
     samples: int = 0
     errors: int = 0
+    shed: int = 0
+    """503 answers with Retry-After; the batch was sent again after it."""
     messages: list[str] = field(default_factory=list)
 
     def fail(self, message: str) -> None:
@@ -289,8 +301,9 @@ def _thread_agent(
         conn.close()
 
 
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
-    """Status, body, and whether the server keeps the connection open (HTTP/1.1, no `Connection: close`)."""
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool, float | None]:
+    """Status, body, whether the server keeps the connection open (HTTP/1.1, no `Connection: close`), and its
+    Retry-After in seconds, if any."""
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split(" ", 2)[1])
@@ -311,7 +324,8 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool
         data = b"".join(p[:-2] for p in parts)
     else:
         data = await reader.read()
-    return status, data, headers.get("connection") != "close"
+    retry_after = headers.get("retry-after", "")
+    return status, data, headers.get("connection") != "close", float(retry_after) if retry_after.isdigit() else None
 
 
 async def _async_agent(
@@ -329,24 +343,34 @@ async def _async_agent(
             body = source.next()
             if body is None:
                 break
-            t = time.perf_counter()
-            try:
-                if conn is None:
-                    conn = await asyncio.open_connection("127.0.0.1", port)
-                reader, writer = conn
-                writer.writelines((head, str(len(body)).encode(), b"\r\n\r\n", body))
-                await writer.drain()
-                status, data, keep = await _read_response(reader)
-            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
-                stats.fail(f"{type(exc).__name__}: {exc}")
-                if conn is not None:
-                    conn[1].close()
-                conn = None
-                continue
-            stats.record(time.perf_counter() - t, status, data)
-            if not keep:
-                writer.close()
-                conn = None
+            retry_after: float | None = 0.0
+            while retry_after is not None:
+                t = time.perf_counter()
+                try:
+                    if conn is None:
+                        conn = await asyncio.open_connection("127.0.0.1", port)
+                    reader, writer = conn
+                    writer.writelines((head, str(len(body)).encode(), b"\r\n\r\n", body))
+                    await writer.drain()
+                    status, data, keep, retry_after = await _read_response(reader)
+                except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
+                    stats.fail(f"{type(exc).__name__}: {exc}")
+                    if conn is not None:
+                        conn[1].close()
+                    conn = None
+                    break
+                if not keep:
+                    writer.close()
+                    conn = None
+                if status == 503 and retry_after is not None:
+                    stats.shed += 1  # as an agent does: the same batch again, once Retry-After has passed
+                    if conn is not None:  # the server may close it while idle; the next try opens a new one
+                        conn[1].close()
+                        conn = None
+                    await asyncio.sleep(retry_after)
+                    continue
+                retry_after = None
+                stats.record(time.perf_counter() - t, status, data)
     finally:
         if conn is not None:
             conn[1].close()
@@ -430,14 +454,14 @@ def run_load(
     server_pid: int,
     db_pid: int | None,
 ) -> LoadResult:
-    samples_per_batch = sources[0].spec.intervals * DEVICES
+    samples_per_batch = [src.spec.intervals * spec_devices(src.spec) for src in sources]
     # An instance's first batch creates its inventory rows and each server connection its staging table:
     # one-time costs kept out of the steady-state figures.
-    warm = [AgentStats(samples_per_batch) for _ in sources]
+    warm = [AgentStats(n) for n in samples_per_batch]
     if warmup:
         took = drive(client, port, token, sources, warm, 300.0, warmup, report=False)
         log(f"warm-up: {sum(s.batches for s in warm)} batches in {took:.1f} s, {sum(s.errors for s in warm)} errors")
-    stats = [AgentStats(samples_per_batch) for _ in sources]
+    stats = [AgentStats(n) for n in samples_per_batch]
     server_cpu0 = tree_cpu(server_pid)
     db_cpu0 = tree_cpu(db_pid) if db_pid else None
     cpu0 = time.process_time()
@@ -851,7 +875,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=30.0, help="length of the load phase (default 30)")
     p.add_argument("--agents", type=int, default=32, help="concurrent simulated agents (default 32)")
-    p.add_argument("--intervals", type=int, default=6, help="10 s intervals per batch (default 6)")
+    p.add_argument(
+        "--intervals", type=int, default=None, help="10 s intervals per batch (default 6; --realistic: the agent's)"
+    )
+    p.add_argument(
+        "--realistic",
+        action="store_true",
+        help="per-instance batches as agents at their defaults send them (bench/instances.py)",
+    )
     p.add_argument("--database-url", help="PostgreSQL server to create a scratch database on (default: embedded)")
     p.add_argument("--workers", type=int, default=2, help="server worker processes (default 2)")
     p.add_argument(
@@ -874,6 +905,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
     args = p.parse_args(argv)
+    if args.intervals is None:
+        from bench.instances import AGENT_BATCH_INTERVALS
+
+        args.intervals = AGENT_BATCH_INTERVALS if args.realistic else 6
     if args.agents < 1 or args.intervals < 1 or args.seconds <= 0 or args.workers < 1:
         p.error("--agents, --intervals, --workers and --seconds must be positive")
     return args
@@ -916,7 +951,14 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]
 
     # Payloads are built while the server starts, in processes: the timed phase only sends bytes.
     now = time.time()
-    specs = [make_spec(i, seed, now, args.intervals) for i in range(args.agents)]
+    if args.realistic:
+        from bench.instances import realistic_spec
+
+        specs = [realistic_spec(i, seed, now, args.intervals) for i in range(args.agents)]
+    else:
+        specs = [make_spec(i, seed, now, args.intervals) for i in range(args.agents)]
+    samples_per_batch = statistics.mean(s.intervals * spec_devices(s) for s in specs)
+    batch_period_s = INTERVAL_S * args.intervals  # one agent's batches are this far apart
     per_agent = math.ceil(args.seconds * args.expect_rate / args.agents) + 2 + args.warmup
     t = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, min(os.cpu_count() or 1, args.agents))) as pool:
@@ -933,7 +975,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]
     wait_ready(proc, port, log_path)
     log(
         f"server ready on port {port} with {args.workers} worker(s); load: {args.agents} agents, "
-        f"{args.seconds:g} s, {args.intervals * DEVICES} samples per batch, {args.client} client"
+        f"{args.seconds:g} s, {samples_per_batch:g} samples per batch, {args.client} client"
     )
     load = run_load(args.client, port, secret, sources, args.seconds, args.warmup, proc.pid, db_pid)
     stop_server(proc)
@@ -1015,7 +1057,13 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]
         "elapsed_s": r(load.elapsed, 3),
         "agents": args.agents,
         "intervals_per_batch": args.intervals,
-        "samples_per_batch": args.intervals * DEVICES,
+        "samples_per_batch": round(samples_per_batch, 1),
+        "mode": "realistic" if args.realistic else "dense",
+        "batches_per_s": r(batches / load.elapsed, 1),
+        # How many instances at the agent's default cadence (a batch every interval_s * batch_intervals) the
+        # server kept up with; meaningful in --realistic mode, where batches are theirs.
+        "instances_sustained": round(batches / load.elapsed * batch_period_s) if args.realistic else None,
+        "shed_503": sum(s.shed for s in load.stats),
         "workers": args.workers,
         "device_hour_query_ms": r(queries.device_hour_ms, 3),
         "fleet_5min_query_ms": r(queries.fleet_5min_ms, 3),

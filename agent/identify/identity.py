@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -11,8 +12,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from urllib.parse import quote
 
-from ..config import AgentConfig
+from ..config import AgentConfig, host_id_from_name
 from .imds import ImdsClient, ImdsUnavailable
+from .signed import read_signed_identity
 
 log = logging.getLogger("gpufleet.agent.identify")
 
@@ -35,6 +37,7 @@ MAX_TAGS = 64
 MAX_TAG_KEY_CHARS = 128
 MAX_TAG_VALUE_CHARS = 256
 _MAX_DETAIL_CHARS = 500
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,8 @@ class IdentityResolver:
         self._last_error: str | None = None
         self._events_read_at: float | None = None
         self._seen_notices: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+        self._signed: str | None = None
+        self._signed_next_try: float | None = None
 
     def identity(self) -> Identity:
         """The current identity. Blocks at most about two IMDS timeouts; raises IdentityUnavailable (imds=on)."""
@@ -157,6 +162,24 @@ class IdentityResolver:
                 log.warning("EC2 %s notice: %s", kind.replace("_", " "), details)
                 events.append({"ts": self._timestamp(), "kind": kind, "details": dict(details)})
             return events
+
+    def signed_identity(self) -> str | None:
+        """The `X-Gpufleet-Instance-Identity` value for batches (agent.identify.signed), or None off EC2 and while
+        IMDS gives no signed document. Read once and kept: the document does not change while the instance runs.
+        A failed read is tried again after AUTO_RETRY_S seconds. Never raises."""
+        with self._lock:
+            if self._client is None or self._static is None or self._signed is not None:
+                return self._signed
+            now = self._clock()
+            if self._signed_next_try is not None and now < self._signed_next_try:
+                return None
+            try:
+                self._signed = read_signed_identity(self._client)
+            except ImdsUnavailable as exc:
+                log.debug("could not read the signed instance identity: %s", exc)
+            if self._signed is None:
+                self._signed_next_try = now + AUTO_RETRY_S
+            return self._signed
 
     def describe(self) -> str:
         """One line for `gpufleet-agent doctor`: what IMDS said, or why the settings are used instead."""
@@ -280,9 +303,9 @@ class IdentityResolver:
     def _from_config(self) -> Identity:
         if self._config_identity is None:
             config = self._config
-            host = config.host_name() or None
+            host = config.host_name().strip() or None
             self._config_identity = Identity(
-                instance_id=config.host_id or host or "unknown-host",
+                instance_id=config.host_id or host_id_from_name(host or "") or "unknown-host",
                 hostname=host,
                 instance_type=config.instance_type,
                 region=config.region,
@@ -328,6 +351,10 @@ def _wire_tags(imds_tags: Mapping[str, str], config_tags: Mapping[str, str]) -> 
     for key, value in merged.items():
         if not key or len(key) > MAX_TAG_KEY_CHARS:
             log.warning("tag %r skipped: keys must be 1 to %d characters", key[:40], MAX_TAG_KEY_CHARS)
+            continue
+        if _CONTROL.search(key) or _CONTROL.search(value):
+            # The server refuses control characters in tags, and would refuse the whole batch for one.
+            log.warning("tag %r skipped: keys and values must not contain control characters", key[:40])
             continue
         if len(tags) == MAX_TAGS:
             log.warning("only the first %d of %d tags are sent", MAX_TAGS, len(merged))

@@ -2,8 +2,9 @@
 
 Each reads its instance's fake NVML scenario on the wall clock, finds its identity and tags in the simulated
 instance metadata (IMDSv2, `app.demo.imds`), journals and spools as on a host, and posts to the demo's
-server over HTTP with an ingest token. A spot instance's agent stops while the fleet says the instance is
-away and starts again, with a fresh NVML, when it is back.
+server over HTTP with its signed instance identity (the demo's ingest token rides along as a fallback). A spot
+instance's agent stops while the fleet says the instance is away and starts again, with a fresh NVML, when it
+is back.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """Instance metadata (IMDSv2) for every simulated instance, from one HTTP server on 127.0.0.1.
 
 Instance `i-...` answers under `/i-.../latest/...`, so an agent given `http://127.0.0.1:PORT/i-...` as its
-metadata URL reads its identity and tags with its own IMDSv2 client, tokens included, as on EC2.
+metadata URL reads its identity and tags with its own IMDSv2 client, tokens included, as on EC2. With a signer,
+each instance also serves its identity document and signature under `/latest/dynamic/instance-identity/`,
+signed by the demo's own key (`app.demo.signer`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from .signer import DEMO_ACCOUNT, IdentitySigner
+
 TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
 TOKEN_HEADER = "X-aws-ec2-metadata-token"
 MAX_TTL_S = 21600
@@ -21,10 +25,27 @@ MAX_TTL_S = 21600
 
 class MetadataServer:
     """IMDSv2 on an ephemeral 127.0.0.1 port for the instances in `instances`: instance id -> (meta-data paths
-    and bodies, instance tags)."""
+    and bodies, instance tags). With `signer`, each instance has a signed identity document of `account_id`."""
 
-    def __init__(self, instances: Mapping[str, tuple[Mapping[str, str], Mapping[str, str]]]) -> None:
+    def __init__(
+        self,
+        instances: Mapping[str, tuple[Mapping[str, str], Mapping[str, str]]],
+        *,
+        signer: IdentitySigner | None = None,
+        account_id: str = DEMO_ACCOUNT,
+    ) -> None:
         self._instances = {k: (dict(meta), dict(tags)) for k, (meta, tags) in instances.items()}
+        self._dynamic: dict[str, dict[str, str]] = {}
+        if signer is not None:
+            for instance_id, (meta, _tags) in self._instances.items():
+                self._dynamic[instance_id] = signer.dynamic(
+                    instance_id,
+                    account_id=account_id,
+                    region=meta.get("placement/region", "us-east-1"),
+                    availability_zone=meta.get("placement/availability-zone", ""),
+                    instance_type=meta.get("instance-type", ""),
+                    image_id=meta.get("ami-id", ""),
+                )
         self._tokens: dict[str, float] = {}
         self._lock = threading.Lock()
         self._httpd = _Server(("127.0.0.1", 0), _Handler)
@@ -65,6 +86,9 @@ class MetadataServer:
             expires = self._tokens.get(headers.get(TOKEN_HEADER.lower(), ""))
         if expires is None or expires <= time.monotonic():
             return 401, ""
+        if rest.startswith("latest/dynamic/"):
+            value = self._dynamic.get(instance_id, {}).get(rest[len("latest/dynamic/") :])
+            return (404, "") if value is None else (200, value)
         if not rest.startswith("latest/meta-data/"):
             return 404, ""
         item = rest[len("latest/meta-data/") :]

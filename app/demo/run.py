@@ -41,6 +41,7 @@ from . import history
 from .agents import LiveAgents
 from .fleet import DAY, DEFAULT_INSTANCES, DEFAULT_SEED, GRID_S, STORIES, STORIES_DIGEST, DemoFleet, make_fleet
 from .imds import MetadataServer
+from .signer import DEMO_ACCOUNT, IdentitySigner
 
 DAYS = 14
 """Days of history the demo starts with."""
@@ -49,6 +50,7 @@ INTERVALS = (5, 10, 15, 20, 30, 60)
 DEFAULT_INTERVAL_S = 10
 STATE_FILE = "demo.json"
 TOKEN_FILE = "ingest-token"
+IDENTITY_CERT_FILE = "identity-cert.pem"
 TOKEN_NAME = "demo-agents"
 
 log = logging.getLogger("gpufleet.demo")
@@ -290,8 +292,13 @@ def _run(options: DemoOptions, settings: Settings, sock: socket.socket, engine: 
 
     token_file = options.folder / TOKEN_FILE
     agent_token(sessions, token_file)
-    metadata = MetadataServer({i.instance_id: (i.metadata(), i.tags) for i in fleet.instances}).start()
-    server = ServerThread(settings, sock)
+    # The agents authenticate with their signed instance identity, signed by a key of the demo's own that the
+    # server trusts beside AWS's (docs/ingest-protocol.md, "Authentication"); the token stays as their fallback.
+    signer = IdentitySigner()
+    metadata = MetadataServer({i.instance_id: (i.metadata(), i.tags) for i in fleet.instances}, signer=signer).start()
+    trusted = signer.write_certificate(options.folder / IDENTITY_CERT_FILE)
+    identity = {"identity_accounts": [DEMO_ACCOUNT], "identity_extra_certs": trusted}
+    server = ServerThread(settings.model_copy(update=identity), sock)
     host, port = sock.getsockname()[:2]
     url = f"http://{host}:{port}/"
     agents = LiveAgents(
@@ -329,8 +336,8 @@ def _run(options: DemoOptions, settings: Settings, sock: socket.socket, engine: 
 
 def _legend(fleet: DemoFleet, agents: LiveAgents, interval_s: int) -> None:
     say(
-        f"{agents.running} agents post every {interval_s} s through the ingest API with an ingest token: the real "
-        "gpufleet-agent, on simulated NVML and instance metadata"
+        f"{agents.running} agents post every {interval_s} s through the ingest API with their signed instance "
+        "identity: the real gpufleet-agent, on simulated NVML and instance metadata"
     )
     say("reading needs no login here (GPUFLEET_AUTH=off: this machine only)")
     say("the stories:")

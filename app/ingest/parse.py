@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import json
 import zlib
 from datetime import datetime, timedelta
+from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from ..errors import ApiError, FieldProblem
+from .fields import FLOAT_BRANCH, INT_BRANCH, MESSAGES
 from .schemas import SCHEMA_VERSION, IngestBatchIn
+
+MAX_PROBLEMS = 20
+_KEY_CHARS = 64
+"""A map key longer than this is cut short where a field path names it."""
 
 
 def decode_body(body: bytes, content_encoding: str | None, *, max_bytes: int) -> bytes:
-    """Undo gzip if the client used it; the size limit applies to what comes out, so a zip bomb is a 413."""
+    """Undo gzip if the client used it; the size limit applies to what comes out, so a zip bomb is a 413.
+    The body must be exactly one gzip member: bytes after it would otherwise be dropped without a word."""
     encoding = (content_encoding or "identity").strip().lower()
     if encoding == "identity":
         if len(body) > max_bytes:
@@ -29,6 +38,10 @@ def decode_body(body: bytes, content_encoding: str | None, *, max_bytes: int) ->
         raise too_large(max_bytes)
     if not inflater.eof:
         raise ApiError(400, "body is not valid gzip: stream is truncated")
+    if inflater.unused_data:
+        raise ApiError(
+            400, f"body is not valid gzip: {len(inflater.unused_data)} bytes follow the gzip stream; send one member"
+        )
     return out
 
 
@@ -37,36 +50,83 @@ def too_large(max_bytes: int) -> ApiError:
 
 
 def field_path(loc: tuple[int | str, ...]) -> str:
-    """('intervals', 0, 'samples', 3, 'util') -> 'intervals[0].samples[3].util'."""
+    """('intervals', 0, 'samples', 3, 'util') -> 'intervals[0].samples[3].util'. Map keys are part of the path
+    (`instance.tags.team`): characters that cannot be shown are written as \\uXXXX, and a long key is cut short."""
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
+        elif part != "[key]":  # pydantic's mark of a problem with the key itself; see problem()
+            out += ("." if out else "") + _shown(part)
     return out or "body"
 
 
-def parse_batch(raw: bytes) -> IngestBatchIn:
+def _shown(key: str) -> str:
+    shown = "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in key[:_KEY_CHARS])
+    return shown + ("..." if len(key) > _KEY_CHARS else "")
+
+
+def problem(error: ErrorDetails) -> FieldProblem:
+    """One pydantic error as a field and a sentence: a pattern is explained, not quoted."""
+    message = error["msg"]
+    if error["type"] == "string_pattern_mismatch":
+        message = MESSAGES.get(str((error.get("ctx") or {}).get("pattern")), message)
+    elif error["type"] == "value_error":
+        message = message.removeprefix("Value error, ")
+    if error["loc"][-1:] == ("[key]",):
+        message = "key: " + message
+    return FieldProblem(field_path(error["loc"]), message)
+
+
+def one_per_integer(errors: list[ErrorDetails]) -> list[ErrorDetails]:
+    """An integer field that failed reports once per way it may be written (fields.WHOLE); keep the error of the
+    way the input was written, as if there were one."""
+    written_as_float = {
+        e["loc"][:-1] for e in errors if e["loc"][-1:] == (INT_BRANCH,) and type(e.get("input")) is float
+    }
+    out: list[ErrorDetails] = []
+    for e in errors:
+        branch = e["loc"][-1:]
+        if branch not in ((INT_BRANCH,), (FLOAT_BRANCH,)):
+            out.append(e)
+        elif (e["loc"][:-1] in written_as_float) == (branch == (FLOAT_BRANCH,)):
+            kept = e.copy()
+            kept["loc"] = e["loc"][:-1]
+            out.append(kept)
+    return out
+
+
+def _brief(value: Any) -> str:
+    """A value from the body, short enough for a one-line error."""
     try:
-        return IngestBatchIn.model_validate_json(raw)
+        shown = json.dumps(value)
+    except ValueError:  # an integer of more digits than Python will print
+        return "a number too long to show"
+    return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
+def parse_batch(raw: bytes) -> IngestBatchIn:
+    """Strict: each field takes only the JSON type its schema names (see schemas.py)."""
+    try:
+        return IngestBatchIn.model_validate_json(raw, strict=True)
     except ValidationError as exc:
-        errors = exc.errors(include_url=False)
+        errors = one_per_integer(exc.errors(include_url=False))
         if any(e["type"] == "json_invalid" for e in errors):
             raise ApiError(400, "body is not valid JSON: " + errors[0]["msg"]) from None
         for e in errors:
             if e["loc"] == ("schema_version",) and e["type"] != "missing":
                 raise ApiError(
                     422,
-                    f"unknown schema_version {e.get('input')!r}: this server speaks {SCHEMA_VERSION}",
-                    [FieldProblem("schema_version", e["msg"])],
+                    f"unknown schema_version {_brief(e.get('input'))}: this server speaks {SCHEMA_VERSION}",
+                    [problem(e)],
                 ) from None
-        problems = [FieldProblem(field_path(e["loc"]), e["msg"]) for e in errors[:20]]
-        raise ApiError(422, "invalid batch", problems) from None
+        raise ApiError(422, "invalid batch", [problem(e) for e in errors[:MAX_PROBLEMS]]) from None
 
 
 def check_batch(batch: IngestBatchIn, *, now: datetime, max_future_skew_s: float, raw_retention_days: int) -> None:
-    """Rules that span fields: every sample names a device of this batch, no time is out of range."""
+    """Rules that span fields: every sample names a device of this batch, no time is out of range. Interval starts
+    lie within the raw retention and at most `max_future_skew_s` ahead of `now`; event times only have the
+    future bound (events are kept for good), and the schema keeps every time from 2000 on."""
     problems: list[FieldProblem] = []
     known: set[str] = set()
     for g, gpu in enumerate(batch.gpus):
@@ -83,15 +143,20 @@ def check_batch(batch: IngestBatchIn, *, now: datetime, max_future_skew_s: float
             problems.append(FieldProblem(f"gpus[{g}].slices", "slices listed on a GPU whose mig_mode is false"))
     latest = now + timedelta(seconds=max_future_skew_s)
     oldest = now - timedelta(days=raw_retention_days)
+
+    def ahead(path: str, at: datetime) -> FieldProblem:
+        return FieldProblem(
+            path,
+            f"{at.isoformat()} is more than {max_future_skew_s:g} s ahead of the server clock ({now.isoformat()}): "
+            "check the agent host's clock",
+        )
+
+    for e, event in enumerate(batch.events):
+        if event.ts > latest:
+            problems.append(ahead(f"events[{e}].ts", event.ts))
     for i, interval in enumerate(batch.intervals):
         if interval.start > latest:
-            problems.append(
-                FieldProblem(
-                    f"intervals[{i}].start",
-                    f"{interval.start.isoformat()} is more than {max_future_skew_s:g} s ahead of the server "
-                    f"clock ({now.isoformat()}): check the agent host's clock",
-                )
-            )
+            problems.append(ahead(f"intervals[{i}].start", interval.start))
         elif interval.start < oldest:
             problems.append(
                 FieldProblem(
@@ -110,7 +175,7 @@ def check_batch(batch: IngestBatchIn, *, now: datetime, max_future_skew_s: float
                     FieldProblem(f"intervals[{i}].samples[{s}].uuid", f"{sample.uuid!r} sampled twice in one interval")
                 )
             seen.add(sample.uuid)
-        if len(problems) >= 20:
+        if len(problems) >= MAX_PROBLEMS:
             break
     if problems:
-        raise ApiError(422, "invalid batch", problems[:20])
+        raise ApiError(422, "invalid batch", problems[:MAX_PROBLEMS])

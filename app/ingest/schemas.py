@@ -1,7 +1,9 @@
 """The ingest wire format, schema version 1 (`docs/ingest-protocol.md`).
 
 Unknown fields are ignored, so an agent newer than the server can still deliver; a change that older
-servers must not misread gets a new `schema_version`.
+servers must not misread gets a new `schema_version`. The ingest route validates the JSON body in strict
+mode (`parse.parse_batch`): a field takes the JSON type the OpenAPI schema gives it and no other (no `false`
+for 0, no number for a time). The field types themselves are in `fields.py`.
 """
 
 from __future__ import annotations
@@ -9,36 +11,59 @@ from __future__ import annotations
 from typing import Annotated, Literal
 from uuid import UUID
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from ..sources import UTIL_SOURCES
+from .fields import (
+    DETAIL_KEYS,
+    WHOLE,
+    DetailKey,
+    DetailValue,
+    DeviceUuid,
+    EventKind,
+    InstanceId,
+    Name,
+    Timestamp,
+    key_patterns_as_property_names,
+    label,
+    not_bool,
+    text,
+    uuid_form,
+)
 
 SCHEMA_VERSION = 1
+INT4_MAX = 2**31 - 1
+"""Largest value of a PostgreSQL `integer` column."""
 
-Name = Annotated[str, StringConstraints(min_length=1, max_length=128, strip_whitespace=True)]
 Percent = Annotated[float, Field(ge=0, le=100)]
+# Bounds go before WHOLE, which wraps them (fields.py).
+MiB = Annotated[int, Field(ge=0, le=INT4_MAX), WHOLE]
 UtilSource = Literal["none", "nvml.samples", "nvml.rate", "nvml.gpm", "dcgm"]
 assert set(UtilSource.__args__) == set(UTIL_SOURCES)  # type: ignore[attr-defined]
 
 
 class _In(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(
+        extra="ignore", frozen=True, allow_inf_nan=False, json_schema_extra=key_patterns_as_property_names
+    )
 
 
 class InstanceIn(_In):
     """Who is sending: an EC2 instance (from IMDSv2) or an on-premises host."""
 
-    instance_id: Name = Field(description="EC2 instance id (i-...) or, off EC2, a stable host id.")
-    hostname: Annotated[str, StringConstraints(max_length=255)] | None = None
-    instance_type: Annotated[str, StringConstraints(max_length=64)] | None = None
-    region: Annotated[str, StringConstraints(max_length=32)] | None = None
-    availability_zone: Annotated[str, StringConstraints(max_length=32)] | None = None
+    instance_id: InstanceId = Field(
+        description="EC2 instance id (i- and 8 or 17 hex digits) or, off EC2, a stable host id of letters, digits, "
+        "'.', '_' and '-' that starts with a letter or a digit. It names the instance's page (/instances/<id>)."
+    )
+    hostname: Annotated[str, label(255)] | None = None
+    instance_type: Annotated[str, label(64)] | None = None
+    region: Annotated[str, label(32)] | None = None
+    availability_zone: Annotated[str, label(32)] | None = None
     lifecycle: Literal["spot", "on-demand", "on-prem"] | None = None
-    ami_id: Annotated[str, StringConstraints(max_length=64)] | None = None
-    tags: dict[
-        Annotated[str, StringConstraints(min_length=1, max_length=128)],
-        Annotated[str, StringConstraints(max_length=256)],
-    ] = Field(default_factory=dict, max_length=64, description="EC2 instance tags (key: value).")
+    ami_id: Annotated[str, label(64)] | None = None
+    tags: dict[Annotated[str, label(128, min_length=1)], Annotated[str, label(256)]] = Field(
+        default_factory=dict, max_length=64, description="EC2 instance tags (key: value)."
+    )
     price_usd_per_hour: float | None = Field(
         default=None,
         ge=0,
@@ -51,35 +76,33 @@ class InstanceIn(_In):
 class SliceIn(_In):
     """A MIG device: one compute instance inside one GPU instance."""
 
-    uuid: Name = Field(description="MIG device UUID (MIG-...).")
-    gpu_instance_id: int = Field(ge=0, le=0xFFFF)
-    compute_instance_id: int = Field(ge=0, le=0xFFFF)
-    profile: Annotated[str, StringConstraints(min_length=1, max_length=32)] = Field(
+    uuid: DeviceUuid = Field(description="MIG device UUID (MIG-...).")
+    gpu_instance_id: Annotated[int, Field(ge=0, le=0xFFFF), WHOLE]
+    compute_instance_id: Annotated[int, Field(ge=0, le=0xFFFF), WHOLE]
+    profile: Annotated[str, label(32, min_length=1)] = Field(
         examples=["3g.40gb"], description="MIG profile name; 'unknown' when the agent could not read it."
     )
-    compute_slices: int | None = Field(
+    compute_slices: Annotated[int, Field(ge=1, le=7), WHOLE] | None = Field(
         default=None,
-        ge=1,
-        le=7,
         description="Compute slices (of 7) of this compute instance; the whole GPU instance's "
         "unless several compute instances share it. Null when the agent could not read the slice's size: "
         "a live slice of unknown size, never free capacity.",
     )
-    memory_total_mib: int | None = Field(default=None, ge=0)
-    util_unavailable_reason: Annotated[str, StringConstraints(max_length=500)] | None = None
+    memory_total_mib: MiB | None = None
+    util_unavailable_reason: Annotated[str, text(500)] | None = None
 
 
 class PermissionDeniedIn(_In):
     """A figure NVML refused to the agent at its privilege (NO_PERMISSION), and what to grant for it."""
 
-    figure: Annotated[str, StringConstraints(min_length=1, max_length=64)] = Field(
+    figure: Annotated[str, label(64, min_length=1)] = Field(
         description="The figure not read, e.g. 'mem_used_mib', 'procs', 'util', 'slice_memory'.",
         examples=["mem_used_mib"],
     )
-    call: Annotated[str, StringConstraints(min_length=1, max_length=96)] = Field(
+    call: Annotated[str, label(96, min_length=1)] = Field(
         description="The NVML call that answered NO_PERMISSION.", examples=["nvmlDeviceGetMemoryInfo"]
     )
-    grant: Annotated[str, StringConstraints(min_length=1, max_length=32)] = Field(
+    grant: Annotated[str, label(32, min_length=1)] = Field(
         description="What to grant the agent: 'mig-monitor', 'cap-sys-admin' or 'device-access'.",
         examples=["mig-monitor"],
     )
@@ -88,15 +111,15 @@ class PermissionDeniedIn(_In):
 class GpuIn(_In):
     """A physical GPU and, in MIG mode, its slices."""
 
-    uuid: Name = Field(description="GPU UUID (GPU-...).")
-    index: int = Field(ge=0, le=255)
+    uuid: DeviceUuid = Field(description="GPU UUID (GPU-...).")
+    index: Annotated[int, Field(ge=0, le=255), WHOLE]
     name: Name = Field(examples=["NVIDIA A100-SXM4-40GB"])
-    memory_total_mib: int | None = Field(default=None, ge=0)
+    memory_total_mib: MiB | None = None
     mig_mode: bool = False
-    unpartitioned_slices: int | None = Field(
-        default=None, ge=0, le=7, description="MIG compute slices (of 7) that belong to no GPU instance."
+    unpartitioned_slices: Annotated[int, Field(ge=0, le=7), WHOLE] | None = Field(
+        default=None, description="MIG compute slices (of 7) that belong to no GPU instance."
     )
-    util_unavailable_reason: Annotated[str, StringConstraints(max_length=500)] | None = None
+    util_unavailable_reason: Annotated[str, text(500)] | None = None
     slices: list[SliceIn] = Field(default_factory=list, max_length=7 * 8)
     layout_complete: bool = Field(
         default=True,
@@ -113,24 +136,24 @@ class GpuIn(_In):
 class SampleIn(_In):
     """One device over one interval. Absent figures are null, never 0."""
 
-    uuid: Name = Field(description="The GPU or MIG slice this sample is about.")
+    uuid: DeviceUuid = Field(description="The GPU or MIG slice this sample is about.")
     util: Percent | None = Field(default=None, description="Mean utilization over the interval, %.")
     util_source: UtilSource = "none"
     sm_active: Percent | None = Field(default=None, description="Mean SM activity, %.")
-    mem_used_mib: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    mem_used_mib: MiB | None = None
     power_w: float | None = Field(default=None, ge=0, le=30000, description="Mean power, W.")
     temp_c: float | None = Field(default=None, ge=-100, le=300, description="Temperature, degrees C.")
-    procs: int | None = Field(default=None, ge=0, le=32767, description="Compute processes.")
+    procs: Annotated[int, Field(ge=0, le=32767), WHOLE] | None = Field(default=None, description="Compute processes.")
     gr_active: Percent | None = Field(
         default=None, description="Mean graphics-engine activity over the interval, % (NVML GPM, Hopper and newer)."
     )
-    sm_clock_mhz: int | None = Field(default=None, ge=0, le=10000, description="SM clock at the interval end, MHz.")
-    ecc_uncorrected: int | None = Field(
-        default=None, ge=0, le=2**31 - 1, description="Volatile uncorrected ECC errors since the driver loaded, count."
+    sm_clock_mhz: Annotated[int, Field(ge=0, le=10000), WHOLE] | None = Field(
+        default=None, description="SM clock at the interval end, MHz."
     )
-    procs_mem_mib: int | None = Field(
-        default=None, ge=0, le=2**31 - 1, description="Memory held by the device's compute processes, MiB."
+    ecc_uncorrected: Annotated[int, Field(ge=0, le=INT4_MAX), WHOLE] | None = Field(
+        default=None, description="Volatile uncorrected ECC errors since the driver loaded, count."
     )
+    procs_mem_mib: MiB | None = Field(default=None, description="Memory held by the device's compute processes, MiB.")
 
     @model_validator(mode="after")
     def _source_matches(self) -> SampleIn:
@@ -142,28 +165,34 @@ class SampleIn(_In):
 class IntervalIn(_In):
     """One collection interval: every device's sample for it."""
 
-    start: AwareDatetime = Field(description="Interval start, ISO 8601 with an offset (UTC preferred).")
+    start: Timestamp = Field(
+        description="Interval start: RFC 3339, with seconds and an offset (UTC preferred); from 2000 on, and within "
+        "the server's time range (docs/ingest-protocol.md)."
+    )
     duration_s: float = Field(gt=0, le=3600, description="Interval length, s.")
     samples: list[SampleIn] = Field(max_length=4096)
 
 
 class EventIn(_In):
-    ts: AwareDatetime
-    kind: Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z0-9_.]+$")] = Field(
-        examples=["spot_interruption"]
+    """Something the agent noticed. `details` is small by design: the agent's largest is a 500-character excerpt."""
+
+    ts: Timestamp = Field(
+        description="When it happened: RFC 3339, with seconds and an offset; from 2000 on, and at most "
+        "GPUFLEET_MAX_FUTURE_SKEW_S ahead of the server clock."
     )
-    details: dict[str, str | int | float | bool | None] = Field(default_factory=dict, max_length=32)
+    kind: EventKind = Field(examples=["spot_interruption"])
+    details: dict[DetailKey, DetailValue] = Field(default_factory=dict, max_length=DETAIL_KEYS)
 
 
 class AgentIn(_In):
-    version: Annotated[str, StringConstraints(max_length=32)] | None = None
+    version: Annotated[str, label(32)] | None = None
     interval_s: float | None = Field(default=None, gt=0, le=3600, description="Collection interval, s.")
-    dropped_batches: int = Field(
-        default=0, ge=0, description="Batches the agent's spool dropped since its last accepted batch."
+    dropped_batches: Annotated[int, Field(ge=0, le=INT4_MAX), WHOLE] = Field(
+        default=0, description="Batches the agent's spool dropped since its last accepted batch."
     )
     errors: dict[
-        Annotated[str, StringConstraints(min_length=1, max_length=96)],
-        Annotated[int, Field(ge=0, le=2**31 - 1)],
+        Annotated[str, label(96, min_length=1)],
+        Annotated[int, Field(ge=0, le=INT4_MAX), WHOLE],
     ] = Field(
         default_factory=dict,
         max_length=64,
@@ -176,8 +205,12 @@ class AgentIn(_In):
 class IngestBatchIn(_In):
     """One POST from one agent: who it is, what hardware it has, and samples for one or more intervals."""
 
-    schema_version: Literal[1] = Field(description="Wire format version; this server speaks 1.")
-    batch_id: UUID = Field(description="Chosen by the agent; a re-sent batch with the same id is stored once.")
+    schema_version: Annotated[Literal[1], BeforeValidator(not_bool), WHOLE] = Field(
+        description="Wire format version; this server speaks 1."
+    )
+    batch_id: Annotated[UUID, BeforeValidator(uuid_form)] = Field(
+        description="Chosen by the agent; a re-sent batch with the same id is stored once."
+    )
     agent: AgentIn = Field(default_factory=AgentIn)
     instance: InstanceIn
     gpus: list[GpuIn] = Field(max_length=64)

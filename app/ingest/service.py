@@ -84,11 +84,13 @@ def ingest_batch(
     received_at: datetime,
     mem_held_mib: int,
     known: InventoryCache | None = None,
+    fingerprint: str | None = None,
 ) -> Stored:
     """Store the batch; raise DuplicateBatch if its id is already stored. `known` is only read here: the
-    caller records the inventory in it once the transaction has committed."""
+    caller records the inventory in it once the transaction has committed. `fingerprint`: the batch's
+    inventory_fingerprint, if the caller has it already."""
     first, last = _time_span(batch, received_at)
-    fingerprint = inventory_fingerprint(batch)
+    fingerprint = fingerprint or inventory_fingerprint(batch)
     cached = known.get(batch.instance.instance_id, fingerprint) if known is not None else None
     if cached is not None:
         inventory = InventoryResult(instance_pk=cached.instance_pk, device_ids=cached.device_ids)
@@ -100,8 +102,9 @@ def ingest_batch(
         inventory = upsert_inventory(session, batch, first=first, last=last)
         _claim(session, batch, inventory.instance_pk, token_id, received_at)
     rows = stage_rows(batch, inventory.device_ids)
-    if rows:
-        write_samples(session, rows, mem_held_mib=mem_held_mib)
+    # Samples whose device time is already counted (an overlapping interval, the same time under another batch
+    # id) are left out, not refused: the answer counts the samples stored.
+    stored = write_samples(session, rows, mem_held_mib=mem_held_mib).samples if rows else 0
     events = inventory.events + [
         {"ts": e.ts, "kind": e.kind, "instance_pk": inventory.instance_pk, "device_id": None, "details": e.details}
         for e in batch.events
@@ -117,7 +120,7 @@ def ingest_batch(
             }
         )
     insert_events(session, events)
-    result = IngestResult(status="stored", batch_id=batch.batch_id, samples=len(rows))
+    result = IngestResult(status="stored", batch_id=batch.batch_id, samples=stored)
     return Stored(result=result, inventory=inventory, fingerprint=fingerprint)
 
 

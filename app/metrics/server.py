@@ -50,6 +50,9 @@ REJECT_REASONS = {
 FAILED = "error"
 """Reason of a request that did not complete: a failure on the server's side (database down), or the client
 went away before its body arrived."""
+SHED = "shed"
+"""Reason of a request refused with 503 because the ingest path was at one of its limits (docs/ingest-protocol.md,
+"Limits and load shedding")."""
 DB_ERROR_DURING = ("request", "scrape", "upkeep")
 
 
@@ -68,6 +71,8 @@ class IngestTally:
     """stored or duplicate, once accepted."""
     stored: int = 0
     """Samples stored."""
+    reason: str | None = None
+    """Why it was refused, where the status does not say (SHED)."""
 
     def accept(self, status: str, stored: int) -> None:
         self.status = status
@@ -105,8 +110,8 @@ class ServerMetrics:
         self.batches_rejected = Counter(
             "gpufleet_ingest_batches_rejected",
             "Ingest requests refused, by reason: malformed, unauthorized, forbidden, too_large, "
-            "unsupported_media_type, invalid (schema or checks), error (failed on the server's side, or the client "
-            "went away).",
+            "unsupported_media_type, invalid (schema or checks), shed (at a load limit: 503), error (failed on the "
+            "server's side, or the client went away).",
             ["reason"],
             registry=r,
         )
@@ -134,7 +139,7 @@ class ServerMetrics:
         # Every label value from the start: a series that appears only on its first event hides the rate.
         for status in ACCEPTED:
             self.batches_accepted.labels(status)
-        for reason in [*REJECT_REASONS.values(), FAILED]:
+        for reason in [*REJECT_REASONS.values(), SHED, FAILED]:
             self.batches_rejected.labels(reason)
         for during in DB_ERROR_DURING:
             self.database_errors.labels(during)
@@ -147,7 +152,7 @@ class ServerMetrics:
         try:
             yield tally
         except ApiError as exc:
-            self._rejected(REJECT_REASONS.get(exc.status_code, FAILED), tally)
+            self._rejected(tally.reason or REJECT_REASONS.get(exc.status_code, FAILED), tally)
             raise
         except BaseException:
             self._rejected(FAILED, tally)

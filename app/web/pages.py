@@ -27,6 +27,7 @@ from ..sources import SOURCE_NAMES
 from ..state import AppState, app_state
 from .access import page_reader
 from .charts import MigSlot, Series, mig_layout_svg, state_bar_svg, timeseries_svg
+from .delivery import delivery
 from .privileges import SEE_ALSO, grant_notes
 from .templating import is_htmx, render
 
@@ -528,6 +529,7 @@ def _instance_detail(instance_id: str) -> Callable[[Session, AppState, Query, da
             "step_s": step,
             "source_names": SOURCE_NAMES,
             "privileges_see_also": SEE_ALSO,
+            "delivery": delivery(session, inst.pk, inst.instance_id, since=q.window.start, until=q.window.end),
         }
 
     return build

@@ -6,7 +6,9 @@
 
 Tokens are enforced (PUT /latest/api/token first, 401 without a valid one); `expire_tokens()`,
 `disable()` (403), `set_spot_action()`, `set_rebalance()` and `delay_s` (a slow server) drive the cases
-the agent must handle.
+the agent must handle. Unless told otherwise (`dynamic`, `signed=False`) it serves a signed instance identity
+document under `/latest/dynamic/instance-identity/`, signed by `shared_signer()`, whose certificate a test server
+trusts through GPUFLEET_IDENTITY_EXTRA_CERTS (AWS's own keys are not at hand).
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Mapping
+from functools import lru_cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
 from urllib.parse import unquote, urlsplit
+
+from app.demo.signer import IdentitySigner
 
 TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
 TOKEN_HEADER = "X-aws-ec2-metadata-token"
@@ -35,6 +40,12 @@ DEFAULT_METADATA: dict[str, str] = {
     "instance-life-cycle": "spot",
     "hostname": "ip-10-0-0-12.ec2.internal",
 }
+
+
+@lru_cache(maxsize=1)
+def shared_signer() -> IdentitySigner:
+    """One signing key for the whole test run: making an RSA key takes a noticeable fraction of a second."""
+    return IdentitySigner(common_name="gpufleet tests instance identity")
 
 
 def closed_port_url() -> str:
@@ -56,10 +67,15 @@ class ImdsServer:
         tags: Mapping[str, str] | None = None,
         *,
         dynamic: Mapping[str, str] | None = None,
+        signed: bool = True,
         delay_s: float = 0.0,
     ) -> None:
         self.metadata: dict[str, str] = dict(DEFAULT_METADATA if metadata is None else metadata)
         self.tags: dict[str, str] | None = None if tags is None else dict(tags)
+        if dynamic is None and signed and "instance-id" in self.metadata:
+            dynamic = shared_signer().dynamic(
+                self.metadata["instance-id"], region=self.metadata.get("placement/region", "us-east-1")
+            )
         self.dynamic: dict[str, str] = dict(dynamic or {})
         self.delay_s = delay_s
         self.disabled = False

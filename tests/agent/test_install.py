@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import agent.install as install_mod
-from agent.config import _CONVERTERS, AgentConfig, load_config, parse_env_file
+from agent.config import _CONVERTERS, AgentConfig, ConfigError, load_config, parse_env_file
 from agent.install import InstallError, activate, install, render_env, render_unit
 
 EXEC = "/opt/gpufleet-agent/bin/gpufleet-agent"
@@ -327,3 +327,11 @@ def test_examples_ship_as_package_data() -> None:
     assert "CapabilityBoundingSet=CAP_SYS_ADMIN" in files.joinpath("profiling.conf").read_text(encoding="utf-8")
     hcl = files.joinpath("packer.pkr.hcl").read_text(encoding="utf-8")
     assert 'gpufleet-agent install"' in hcl and "--start" not in hcl
+
+
+@pytest.mark.parametrize("bad", ["rack 7", "gpu/7", "-node", "x" * 129])
+def test_a_host_id_the_server_would_refuse_is_a_config_error(bad: str, tmp_path: Path) -> None:
+    empty = tmp_path / "agent.env"
+    empty.write_text("")
+    with pytest.raises(ConfigError, match="HOST_ID"):
+        load_config({"GPUFLEET_AGENT_HOST_ID": bad}, config_file=empty)

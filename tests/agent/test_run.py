@@ -14,9 +14,13 @@ import pytest
 from agent import fake_nvml
 from agent.collect import Collector
 from agent.config import AgentConfig
+from agent.doctor import _spool_check
 from agent.identify import IdentityResolver
 from agent.nvml import Nvml
 from agent.run import Agent
+from agent.send import Poster
+
+from .receiver import Receiver
 
 
 def test_the_loop_keeps_its_cadence_when_collection_is_slow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -102,3 +106,38 @@ def test_a_pending_mig_mode_change_releases_nvml_until_it_is_done(tmp_path: Path
     assert batches[-1]["intervals"], "collecting again"
     durations = [i["duration_s"] for b in batches for i in b["intervals"]]
     assert min(durations) > 0.05, "the cadence starts again with the new layout, no stub interval"
+
+
+def test_a_batch_set_aside_is_reported_in_a_later_batch_and_by_doctor(tmp_path: Path) -> None:
+    config = AgentConfig(state_dir=tmp_path, interval_s=0.05, batch_intervals=2, imds="off", host_id="h")
+    with Receiver() as receiver:
+        receiver.poison_first = True
+        agent = Agent(
+            config, Nvml.open(fake_nvml.load("g5-idle")), IdentityResolver(config), poster=Poster(receiver.url, "gpf_x")
+        )
+        assert agent.sender is not None
+        agent.sender.backoff_base_s = 0.01
+        agent.sender.set_aside_after = 3
+
+        def reported() -> list[dict[str, object]]:
+            return [e for b in list(receiver.stored.values()) for e in b["events"] if e["kind"] == "batch_set_aside"]
+
+        stop = threading.Event()
+        worker = threading.Thread(target=agent.run, args=(stop,))
+        worker.start()
+        try:
+            _wait_for(lambda: bool(reported()))
+        finally:
+            stop.set()
+            worker.join(10)
+    [poison] = receiver.poison
+    assert receiver.ids()[:3] == [poison] * 3
+    assert receiver.stored and poison not in receiver.stored, "a newer batch went, carrying the report"
+    [event] = reported()
+    assert event["details"]["batch_id"] == poison and event["details"]["tries"] == 3  # type: ignore[index]
+    [aside] = agent.spool.aside()
+    body = agent.spool.read(aside)
+    assert body is not None and json.loads(gzip.decompress(body))["batch_id"] == poison, "kept for later"
+    assert agent.spool.events() == [], "journaled once"
+    check = _spool_check(config)
+    assert check.status == "warn" and "1 set aside after repeated server errors" in check.message

@@ -116,3 +116,57 @@ def test_a_look_without_tidying_leaves_a_write_in_progress_alone(tmp_path: Path)
     (tmp_path / ".000000000001-1-0.gz.tmp").write_bytes(b"being written by the service")
     Spool(tmp_path, tidy=False)
     assert (tmp_path / ".000000000001-1-0.gz.tmp").exists()
+
+
+def test_a_batch_set_aside_leaves_the_queue_but_stays_on_disk_across_a_restart(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    first = spool.put(b"a" * 100)
+    spool.put(b"b" * 50)
+    moved = spool.set_aside(first)
+    assert moved is not None and moved.path == tmp_path / "aside" / first.path.name
+    again = Spool(tmp_path)
+    assert [again.read(b) for b in again.pending()] == [b"b" * 50]
+    assert [again.read(b) for b in again.aside()] == [b"a" * 100]
+    assert again.size_bytes() == 150, "it still counts toward the size bound"
+    assert again.put(b"c").seq == 3, "its sequence number is not given out again"
+    [aside] = again.aside()
+    again.remove(aside)
+    assert again.aside() == [] and not aside.path.exists() and again.size_bytes() == 51
+    assert spool.set_aside(first) is None, "already moved"
+
+
+def test_the_age_bound_drops_set_aside_batches_too_and_counts_them(tmp_path: Path) -> None:
+    clock = Clock()
+    spool = Spool(tmp_path, max_age_s=3600, wall_clock=clock)
+    old = spool.put(b"old", carried=2)
+    spool.set_aside(old)
+    clock.t += 1800
+    spool.put(b"newer")
+    clock.t += 1900
+    oldest = spool.oldest()
+    assert oldest is not None and spool.read(oldest) == b"newer"
+    assert spool.aside() == [] and not list((tmp_path / "aside").iterdir())
+    assert spool.take_dropped() == 3
+
+
+def test_the_size_bound_drops_the_oldest_batch_whether_set_aside_or_queued(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, max_bytes=250)
+    spool.put(b"q" * 100)
+    spool.set_aside(spool.put(b"a" * 100))
+    spool.put(b"n" * 100)
+    assert [spool.read(b) for b in spool.pending()] == [b"n" * 100]
+    assert [spool.read(b) for b in spool.aside()] == [b"a" * 100]
+    spool.put(b"m" * 100)
+    assert spool.aside() == [] and spool.take_dropped() == 2
+
+
+def test_events_left_by_the_sender_wait_on_disk_until_discarded(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    for n in range(3):
+        spool.add_event({"ts": "2027-01-01T00:00:00Z", "kind": "batch_set_aside", "details": {"n": n}})
+    again = Spool(tmp_path)
+    assert [e["details"]["n"] for e in again.events()] == [0, 1, 2]
+    again.discard_events(2)
+    assert [e["details"]["n"] for e in Spool(tmp_path).events()] == [2]
+    again.discard_events(1)
+    assert again.events() == [] and not (tmp_path / "events.json").exists()

@@ -4,8 +4,9 @@ The server uses the test database with `refresh_s=2`, so an htmx refresh of a pa
 seconds. One story is posted to it over HTTP for the whole session; the tables are emptied again afterwards.
 Every tab starts logged in, with a dashboard session of the read token `browser-reader`; a `guest` tab has none
 and goes through the login form (test_login.py).
-Each test opens a fresh browser context and records console errors, page errors and dialogs. Screenshots go to
-GPUFLEET_SCREENSHOTS (default `.ci/artifacts/screenshots`); a failing test leaves `FAILED-<test>.png` there.
+Each test opens a fresh browser context and records console errors, page errors, dialogs and what the
+Content-Security-Policy blocked. Screenshots go to GPUFLEET_SCREENSHOTS (default `.ci/artifacts/screenshots`);
+a failing test leaves `FAILED-<test>.png` there.
 
 Without /usr/bin/chromium the tests are skipped, except with CI=true, where they fail.
 """
@@ -181,6 +182,8 @@ class Tab:
     page: Page
     errors: list[str] = field(default_factory=list)
     dialogs: list[str] = field(default_factory=list)
+    csp_violations: list[str] = field(default_factory=list)
+    """What the Content-Security-Policy blocked: Chromium reports each block on the console."""
 
     def watch(self) -> None:
         self.page.on("console", self._console)
@@ -189,6 +192,8 @@ class Tab:
         self.page.on("response", self._response)
 
     def _console(self, message: ConsoleMessage) -> None:
+        if "Content Security Policy" in message.text:
+            self.csp_violations.append(f"{message.text} ({message.location.get('url')})")
         if message.type == "error" and urlsplit(message.location.get("url", "")).path not in IGNORED_404:
             self.errors.append(f"console: {message.text} ({message.location.get('url')})")
 
@@ -206,6 +211,7 @@ class Tab:
         return path
 
     def assert_clean(self) -> None:
+        assert self.csp_violations == [], "blocked by the CSP:\n" + "\n".join(self.csp_violations)
         assert self.dialogs == [], f"dialogs opened: {self.dialogs}"
         assert self.errors == [], "\n".join(self.errors)
 

@@ -177,6 +177,22 @@ def test_off_with_host_id() -> None:
     assert res.describe() == "IMDS: off; host gpu-01, id rack4-node7 (on-prem)"
 
 
+def test_a_host_name_the_server_would_refuse_becomes_a_valid_host_id() -> None:
+    """Off EC2 the host name is the instance id; the server takes only letters, digits, '.', '_' and '-'."""
+    res = IdentityResolver(
+        _NamedHost(imds_url=closed_port_url(), imds="off"), clock=FakeClock(), wall_clock=FakeWallClock()
+    )
+    ident = res.identity()
+    assert (ident.instance_id, ident.hostname) == ("lab-gpu-7-rack-b", "lab gpu 7/rack b")
+    InstanceIn.model_validate({"instance_id": ident.instance_id, "hostname": ident.hostname})
+
+
+def test_a_tag_with_a_control_character_is_skipped_not_sent() -> None:
+    """One such tag would have the server refuse every batch."""
+    res = resolver(closed_port_url(), imds="off", tags={"team": "ml", "note": "line one\nline two", "a\tb": "x"})
+    assert res.identity().tags == {"team": "ml"}
+
+
 def test_auto_without_imds_falls_back_fast_and_waits_10_minutes(
     clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -381,3 +397,8 @@ def test_ec2_markers(tmp_path: Any) -> None:
     other.write_text("QEMU\n")
     assert looks_like_ec2(((str(other), "amazon ec2"), (str(tag), "i-"))) == str(tag)
     assert looks_like_ec2(((str(other), "amazon ec2"), (str(tmp_path / "missing"), "ec2"))) is None
+
+
+class _NamedHost(AgentConfig):
+    def host_name(self) -> str:
+        return "lab gpu 7/rack b"

@@ -38,7 +38,7 @@ def test_get_reuses_one_token(imds: ImdsServer) -> None:
 def test_missing_item_is_none(imds: ImdsServer) -> None:
     client = ImdsClient(imds.url)
     assert client.get("no/such/item") is None
-    assert client.get_dynamic("instance-identity/document") is None
+    assert client.get_dynamic("instance-identity/pkcs7") is None
 
 
 def test_get_dynamic(imds: ImdsServer) -> None:

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.analyse.states import STATES, UNPARTITIONED
 from app.db import make_engine, make_sessionmaker
 from app.metrics.fleet import AGE_BUCKETS, INSTANCE_STATUSES, MAX_INSTANCE_TYPES, OLDER, WASTE_STATES
-from app.metrics.server import ACCEPTED, DB_ERROR_DURING, FAILED, REJECT_REASONS
+from app.metrics.server import ACCEPTED, DB_ERROR_DURING, FAILED, REJECT_REASONS, SHED
 from app.web.charts import state_label
 from app.web.templating import num
 from tests.app.metrics.conftest import parse, scrape
@@ -94,8 +94,8 @@ def test_ingest_counters_move(client: TestClient, ingest_token: str, read_token:
     assert moved("gpufleet_ingest_batches_rejected_total", reason="unauthorized") == 1
     assert moved("gpufleet_ingest_batches_rejected_total", reason="forbidden") == 0
     assert moved("gpufleet_ingest_samples_accepted_total") == 6
-    # The 422 batch's 2 samples and the unauthorized one's 6 (it parsed before the token was refused).
-    assert moved("gpufleet_ingest_samples_rejected_total") == 8
+    # The 422 batch's 2 samples; the unauthorized one is refused before its body is read, so it counts none.
+    assert moved("gpufleet_ingest_samples_rejected_total") == 2
     assert moved("gpufleet_ingest_duration_seconds_count") == 4
     assert moved("gpufleet_ingest_duration_seconds_bucket", le="+Inf") == 4
     assert moved("gpufleet_database_errors_total", during="request") == 0
@@ -179,7 +179,7 @@ def test_every_label_value_is_from_a_bounded_set(client: TestClient, feeder: Fee
         "gpufleet_waste_usd_per_hour": {"state": set(WASTE_STATES)},
         "gpufleet_gpus": {"status": set(INSTANCE_STATUSES)},
         "gpufleet_ingest_batches_accepted": {"status": set(ACCEPTED)},
-        "gpufleet_ingest_batches_rejected": {"reason": {*REJECT_REASONS.values(), FAILED}},
+        "gpufleet_ingest_batches_rejected": {"reason": {*REJECT_REASONS.values(), SHED, FAILED}},
         "gpufleet_database_errors": {"during": set(DB_ERROR_DURING)},
     }
     for family, labels in allowed.items():
@@ -225,7 +225,7 @@ def test_a_database_failure_still_answers(client: TestClient, sessions: sessionm
         assert r.json()["error"] == "database unavailable: the token cannot be checked"
 
         r = post(c, batch([gpu(0)]), ingest)
-        assert r.status_code == 500 and "Traceback" not in r.text
+        assert r.status_code == 503 and r.json()["error"] == "database unavailable" and "Traceback" not in r.text
     finally:
         state.sessions = alive
         dead.dispose()

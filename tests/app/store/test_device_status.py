@@ -389,6 +389,9 @@ def test_migration_backfills_what_the_write_path_builds(
         upgrade(url)
         with eng.connect() as conn:
             got = [tuple(r) for r in conn.execute(text(STATUS_SQL))]
+        # Migration 0008 leaves the coverage stretch unknown (NULL); the device's next batch records it.
+        unknown_stretch = {COLUMNS.index("covered_from"), COLUMNS.index("covered_until")}
+        want = [tuple(None if i in unknown_stretch else v for i, v in enumerate(r)) for r in want]
         assert_same_status(got, want)
     finally:
         eng.dispose()

@@ -68,24 +68,40 @@ def varied(seed: int) -> Any:
     return make
 
 
+def hour_pieces(start: datetime, dur: float) -> list[tuple[datetime, float]]:
+    """An interval cut at UTC hour boundaries: (piece start, seconds)."""
+    out = []
+    end = start + timedelta(seconds=dur)
+    while start < end:
+        cut = min(end, start.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1))
+        out.append((start, (cut - start).total_seconds()))
+        start = cut
+    return out
+
+
 def expected(batches: list[dict[str, Any]]) -> dict[Key, dict[str, Any]]:
-    """Each (device, bucket)'s row from the posted intervals: every interval in the bucket its start falls in."""
+    """Each (device, bucket)'s row from the posted intervals: every interval cut at the hour, each piece in the
+    bucket its start falls in."""
     out: dict[Key, dict[str, Any]] = defaultdict(lambda: {n: 0.0 if n in SUMS else None for n in VALUES})
     for b in batches:
         for iv in b["intervals"]:
-            dur = iv["duration_s"]
-            for s in iv["samples"]:
-                row = out[(s["uuid"], bucket_of(datetime.fromisoformat(iv["start"])))]
-                row["secs"] += dur
-                for figure, prefix in (("util", "util"), ("mem_used_mib", "mem"), ("power_w", "power")):
-                    value = s.get(figure)
-                    if value is None:
-                        continue
-                    row[f"{prefix}_known_s"] += dur
-                    row[f"{prefix}_sum"] += value * dur
-                    top = row[f"{prefix}_max"]
-                    row[f"{prefix}_max"] = value if top is None else max(top, value)
+            for begin, dur in hour_pieces(datetime.fromisoformat(iv["start"]), iv["duration_s"]):
+                for s in iv["samples"]:
+                    add(out[(s["uuid"], bucket_of(begin))], s, dur)
     return dict(out)
+
+
+def add(row: dict[str, Any], s: dict[str, Any], dur: float) -> None:
+    """Fold `dur` seconds of sample `s` into a bucket's expected row."""
+    row["secs"] += dur
+    for figure, prefix in (("util", "util"), ("mem_used_mib", "mem"), ("power_w", "power")):
+        value = s.get(figure)
+        if value is None:
+            continue
+        row[f"{prefix}_known_s"] += dur
+        row[f"{prefix}_sum"] += value * dur
+        top = row[f"{prefix}_max"]
+        row[f"{prefix}_max"] = value if top is None else max(top, value)
 
 
 def stored_rows(engine: Engine) -> dict[Key, dict[str, Any]]:
@@ -134,18 +150,18 @@ def test_buckets_are_what_their_samples_add_up_to(client: TestClient, engine: En
         assert list(g[2:]) == [pytest.approx(v, rel=1e-9) if v is not None else None for v in h[2:]]
 
 
-def test_an_interval_counts_in_the_bucket_it_starts_in(client: TestClient, engine: Engine, ingest_token: str) -> None:
+def test_an_interval_is_cut_at_the_hour(client: TestClient, engine: Engine, ingest_token: str) -> None:
     gpus = [gpu(0)]
     midnight_utc = midnight(datetime.now(UTC).date() - timedelta(days=2))
-    # Two 60 s intervals: [23:59:30, 00:00:30) starts in the day before's last bucket and counts there whole;
-    # [00:00:30, 00:01:30) in the new day's first bucket. The two rows fall in two daily partitions.
+    # Two 60 s intervals: [23:59:30, 00:00:30) is cut at midnight, 30 s in the day before's last bucket and 30 s in
+    # the new day's first, where [00:00:30, 00:01:30) counts whole. The two rows fall in two daily partitions.
     stored(client, ingest_token, batch(gpus, start=midnight_utc - timedelta(seconds=30), intervals=2, duration_s=60))
     with engine.connect() as conn:
         rows = conn.execute(text("SELECT bucket, secs, tableoid::regclass::text FROM rollups_5m ORDER BY bucket")).all()
     before = midnight_utc.date() - timedelta(days=1)
     assert [tuple(r) for r in rows] == [
-        (midnight_utc - timedelta(minutes=5), 60.0, f"rollups_5m_p{before:%Y%m%d}"),
-        (midnight_utc, 60.0, f"rollups_5m_p{midnight_utc:%Y%m%d}"),
+        (midnight_utc - timedelta(minutes=5), 30.0, f"rollups_5m_p{before:%Y%m%d}"),
+        (midnight_utc, 90.0, f"rollups_5m_p{midnight_utc:%Y%m%d}"),
     ]
 
 
@@ -216,12 +232,13 @@ def test_migration_backfills_what_the_write_path_builds(
 
     The fresh database's time zone is 7 minutes off UTC, so a bucket cut from an origin read in the session's zone
     would show. One instance collects every 10 s, the other every 30 s; the first loses its interval on record in
-    the copy, so the back-fill falls back to 10 s for it.
+    the copy, so the back-fill falls back to 10 s for it. The stretch after midnight starts on it: the write path
+    cuts an interval at the hour, the back-fill counts it in the bucket it starts in.
     """
     a, b = fleet(), [gpu(0), gpu(1)]
     start = midnight(datetime.now(UTC).date() - timedelta(days=1)) - timedelta(minutes=20, seconds=3)
     for n in range(4):
-        at = start + timedelta(minutes=10 * n)
+        at = start + timedelta(minutes=10 * n, seconds=3 if n >= 2 else 0)
         stored(
             client,
             ingest_token,
