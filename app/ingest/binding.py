@@ -100,7 +100,8 @@ def check_reporter(
 ) -> Binding:
     """Refuse (403, naming the field) a batch its reporter may not send; see the module's rules.
     `inventory_known`: this instance's last stored batch listed the very same devices (the ingest inventory
-    cache says so), so the batch moves nothing and the devices need no look-up."""
+    cache says so), so the batch moves nothing and the devices need no look-up. (A device another instance took
+    since then is not moved back; its samples from this instance go to it until the cache entry expires, 5 min.)"""
     instance_id = batch.instance.instance_id
     if reporter.identity is not None and reporter.identity.instance_id != instance_id:
         raise _forbidden(
