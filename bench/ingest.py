@@ -90,6 +90,48 @@ class AgentSpec:
     mig: tuple[tuple[str, tuple[str, ...]], ...]
 
 
+SliceLayout = tuple[str, int, int, int]
+"""profile, compute slices, memory MiB, GPU instance id: one MIG slice as agents report it."""
+
+# A100 places 1g.5gb GPU instances at ids 7..13.
+DENSE_SLICES: tuple[SliceLayout, ...] = tuple(("1g.5gb", 1, SLICE_MEM_MIB, 7 + k) for k in range(SLICES_PER_GPU))
+
+
+def gpu_inventory(
+    plain: tuple[str, ...], mig: tuple[tuple[str, tuple[str, ...]], ...], layout: tuple[SliceLayout, ...]
+) -> list[dict[str, Any]]:
+    """The batch's `gpus`: the plain GPUs first, then the MIG GPUs, each split as `layout` says."""
+    gpus: list[dict[str, Any]] = [
+        {"uuid": u, "index": i, "name": GPU_NAME, "memory_total_mib": GPU_MEM_MIB, "mig_mode": False}
+        for i, u in enumerate(plain)
+    ]
+    for j, (gpu_uuid, slices) in enumerate(mig):
+        gpus.append(
+            {
+                "uuid": gpu_uuid,
+                "index": len(plain) + j,
+                "name": GPU_NAME,
+                "memory_total_mib": GPU_MEM_MIB,
+                "mig_mode": True,
+                "unpartitioned_slices": 0,
+                "util_unavailable_reason": MIG_REASON,
+                "slices": [
+                    {
+                        "uuid": s,
+                        "gpu_instance_id": gi,
+                        "compute_instance_id": 0,
+                        "profile": profile,
+                        "compute_slices": compute,
+                        "memory_total_mib": mem,
+                        "util_unavailable_reason": MIG_REASON,
+                    }
+                    for s, (profile, compute, mem, gi) in zip(slices, layout, strict=True)
+                ],
+            }
+        )
+    return gpus
+
+
 def make_spec(index: int, seed: int, now: float, intervals: int) -> AgentSpec:
     rng = random.Random(seed * 7919 + index)
     # A day back, so each agent has ~1440 batches of room before reaching the present.
@@ -103,34 +145,7 @@ def make_spec(index: int, seed: int, now: float, intervals: int) -> AgentSpec:
 
     plain = tuple(uid("GPU") for _ in range(PLAIN_GPUS))
     mig = tuple((uid("GPU"), tuple(uid("MIG") for _ in range(SLICES_PER_GPU))) for _ in range(MIG_GPUS))
-    gpus: list[dict[str, Any]] = [
-        {"uuid": u, "index": i, "name": GPU_NAME, "memory_total_mib": GPU_MEM_MIB, "mig_mode": False}
-        for i, u in enumerate(plain)
-    ]
-    for j, (gpu_uuid, slices) in enumerate(mig):
-        gpus.append(
-            {
-                "uuid": gpu_uuid,
-                "index": PLAIN_GPUS + j,
-                "name": GPU_NAME,
-                "memory_total_mib": GPU_MEM_MIB,
-                "mig_mode": True,
-                "unpartitioned_slices": 0,
-                "util_unavailable_reason": MIG_REASON,
-                "slices": [
-                    {
-                        "uuid": s,
-                        "gpu_instance_id": 7 + k,  # A100 places 1g.5gb GPU instances at ids 7..13
-                        "compute_instance_id": 0,
-                        "profile": "1g.5gb",
-                        "compute_slices": 1,
-                        "memory_total_mib": SLICE_MEM_MIB,
-                        "util_unavailable_reason": MIG_REASON,
-                    }
-                    for k, s in enumerate(slices)
-                ],
-            }
-        )
+    gpus = gpu_inventory(plain, mig, DENSE_SLICES)
     octets = (index // 250, index % 250 + 2)
     static: dict[str, Any] = {
         "agent": {"version": "0.1.0", "interval_s": INTERVAL_S, "dropped_batches": 0},

@@ -13,11 +13,16 @@ import uuid
 from typing import Any
 
 from agent.config import AgentConfig
-from bench.ingest import FUTURE_MARGIN_S, GPU_MEM_MIB, GPU_NAME, MIG_REASON, AgentSpec
+from bench.ingest import FUTURE_MARGIN_S, AgentSpec, SliceLayout, gpu_inventory
 
 GPUS = 8
 MIG_GPUS_BY_KIND = (0, 2, 4)
-SLICES = (("3g.20gb", 3, 19968, 1), ("2g.10gb", 2, 9856, 5), ("1g.5gb", 1, 4864, 13), ("1g.5gb", 1, 4864, 14))
+SLICES: tuple[SliceLayout, ...] = (
+    ("3g.20gb", 3, 19968, 1),
+    ("2g.10gb", 2, 9856, 5),
+    ("1g.5gb", 1, 4864, 13),
+    ("1g.5gb", 1, 4864, 14),
+)
 """profile, compute slices, memory MiB, GPU instance id: one A100 40 GB split as agents report it."""
 
 AGENT_INTERVAL_S = AgentConfig().interval_s
@@ -41,34 +46,7 @@ def realistic_spec(index: int, seed: int, now: float, intervals: int = AGENT_BAT
     mig_count = MIG_GPUS_BY_KIND[index % len(MIG_GPUS_BY_KIND)]
     plain = tuple(uid("GPU") for _ in range(GPUS - mig_count))
     mig = tuple((uid("GPU"), tuple(uid("MIG") for _ in SLICES)) for _ in range(mig_count))
-    gpus: list[dict[str, Any]] = [
-        {"uuid": u, "index": i, "name": GPU_NAME, "memory_total_mib": GPU_MEM_MIB, "mig_mode": False}
-        for i, u in enumerate(plain)
-    ]
-    for j, (gpu_uuid, slices) in enumerate(mig):
-        gpus.append(
-            {
-                "uuid": gpu_uuid,
-                "index": len(plain) + j,
-                "name": GPU_NAME,
-                "memory_total_mib": GPU_MEM_MIB,
-                "mig_mode": True,
-                "unpartitioned_slices": 0,
-                "util_unavailable_reason": MIG_REASON,
-                "slices": [
-                    {
-                        "uuid": s,
-                        "gpu_instance_id": gi,
-                        "compute_instance_id": 0,
-                        "profile": profile,
-                        "compute_slices": compute,
-                        "memory_total_mib": mem,
-                        "util_unavailable_reason": MIG_REASON,
-                    }
-                    for s, (profile, compute, mem, gi) in zip(slices, SLICES, strict=True)
-                ],
-            }
-        )
+    gpus = gpu_inventory(plain, mig, SLICES)
     static: dict[str, Any] = {
         "agent": {"version": "0.2.0", "interval_s": AGENT_INTERVAL_S, "dropped_batches": 0},
         "instance": {
