@@ -20,6 +20,7 @@ from starlette.requests import HTTPConnection, Request
 from .errors import ApiError
 from .models import SCOPES, ApiToken
 from .sessions import SESSION_COOKIE, LiveSession, end_token_sessions, find_session
+from .settings import Settings
 
 TOKEN_PREFIX = "gpf_"
 # last_used_at is a hint for operators; writing it on every request would cost a row update per batch.
@@ -196,7 +197,9 @@ def _proxy_user(conn: HTTPConnection, networks: Sequence[IPv4Network | IPv6Netwo
     return values[0].strip()[:200]
 
 
-def require_read(session: Session, request: Request, *, now: datetime, dashboard: bool = False) -> Reader:
+def require_read(
+    session: Session, request: Request, settings: Settings, *, now: datetime, dashboard: bool = False
+) -> Reader:
     """The reader behind a request to a route that reads (dashboard pages, the report, /metrics), or ApiError.
 
     With GPUFLEET_AUTH=off anyone on this host reads (other peers: 403). Otherwise, in order: an `Authorization:
@@ -207,9 +210,6 @@ def require_read(session: Session, request: Request, *, now: datetime, dashboard
     The proxy's header counts on dashboard pages only: a proxy may let API paths through without a login (agents
     and Prometheus bring tokens), and a header a client sent there must not open the API.
     """
-    from .state import app_state  # here: the app state's modules (metrics) use this one
-
-    settings = app_state(request).settings
     if settings.auth == "off":
         if not is_loopback(request):
             raise ApiError(403, "authentication is off (GPUFLEET_AUTH=off): only clients on this host may read")

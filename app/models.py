@@ -396,3 +396,6 @@ device_status = Table(
 )
 
 PARTITIONED_TABLES = ("samples", "rollups_hourly", "rollups_5m")
+
+# The per-instance rollups live with their write path's weights; imported here so the metadata holds them.
+from .store import instance_rollups as _instance_rollups  # noqa: E402, F401

@@ -1,6 +1,7 @@
 """Agent cost benchmark: the real `gpufleet-agent run` on the `p4d-mig` fake host, posting to a real server.
 
-    python -m bench.agent [--intervals 240] [--interval 0.25] [--database-url URL]
+    .venv/bin/python -m bench.agent [--intervals 240] [--interval 0.25] [--database-url URL]
+    (or .venv/bin/python bench/agent.py with the same options)
 
 Measures the agent process alone (all its threads: collection, journal, gzip, HTTP): CPU time per
 interval over the measured window, after a warm-up, and its peak resident memory (VmHWM). The simulated
@@ -24,23 +25,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psycopg
+if not __package__:  # run as `python bench/X.py`: import `bench` and `app` from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.ingest import (
-    BenchError,
-    create_bench_database,
-    drop_bench_database,
-    free_port,
-    libpq_url,
-    log,
-    prepare_database,
-    run_and_report,
-    start_server,
-    stop_server,
-    wait_ready,
-)
+from bench.database import connect, open_scratch, prepare_database
+from bench.harness import ROOT, BenchError, free_port, log, quiet, run_and_report, start_server, stop_server, wait_ready
 
-ROOT = Path(__file__).resolve().parent.parent
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -79,22 +69,13 @@ def journaled(log_path: Path) -> int:
 
 def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="gpufleet-bench-agent-"))
-    stack.callback(lambda: shutil.rmtree(tmp, ignore_errors=True))
-    if args.database_url:
-        url, admin, name = create_bench_database(args.database_url)
-        stack.callback(lambda: drop_bench_database(admin, name))
-    else:
-        from app.embedded import EmbeddedPostgres
-
-        embedded = EmbeddedPostgres(tmp / "db")
-        stack.callback(embedded.stop)
-        log(f"starting embedded PostgreSQL in {embedded.pgdata}")
-        url = embedded.start()
+    stack.callback(quiet("remove temporary folder", lambda: shutil.rmtree(tmp, ignore_errors=True)))
+    url = open_scratch(args.database_url, tmp, stack).url
     token = prepare_database(url)
     port = free_port()
     server_log = tmp / "server.log"
     server = start_server(url, port, 1, server_log)
-    stack.callback(lambda: stop_server(server))
+    stack.callback(quiet("stop server", lambda: stop_server(server)))
     wait_ready(server, port, server_log)
     log(f"server ready on port {port}")
 
@@ -136,7 +117,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]
     collected = journaled(agent_log)
     left = list((tmp / "state" / "spool").glob("*.gz"))
 
-    with psycopg.connect(libpq_url(url)) as conn:
+    with connect(url) as conn:
         rows, intervals, duplicates = conn.execute(
             "SELECT count(*), count(DISTINCT ts), "
             "(SELECT count(*) FROM (SELECT 1 FROM samples GROUP BY device_id, ts HAVING count(*) > 1) d) FROM samples"

@@ -13,7 +13,7 @@ import uuid
 from typing import Any
 
 from agent.config import AgentConfig
-from bench.ingest import FUTURE_MARGIN_S, AgentSpec, SliceLayout, gpu_inventory
+from bench.batches import FUTURE_MARGIN_S, AgentSpec, SliceLayout, gpu_inventory
 
 GPUS = 8
 MIG_GPUS_BY_KIND = (0, 2, 4)

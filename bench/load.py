@@ -1,6 +1,7 @@
 """Load test: many simulated agents post realistic batches back to back to a real `gpufleet serve` on loopback.
 
     .venv/bin/python -m bench.load [--agents 200] [--seconds 60] [--flood 8] [--workers 1] [--database-url URL]
+    (or .venv/bin/python bench/load.py with the same options)
 
 Each agent sends its instance's batches (bench/instances.py: 8 GPUs, some in MIG mode, the agent's intervals per
 batch, gzip, a fresh batch id each) one after another, waits at most the agent's HTTP timeout for an answer, and
@@ -23,6 +24,7 @@ import math
 import os
 import secrets
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -33,25 +35,21 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import psutil
-import psycopg
+import psutil  # type: ignore[import-untyped]
 
-from bench.ingest import (
-    INGEST_PATH,
+if not __package__:  # run as `python bench/X.py`: import `bench` and `app` from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.batches import INGEST_PATH, BodySource, build_bodies, read_response, spec_devices
+from bench.database import connect, open_scratch, prepare_database
+from bench.harness import (
     BenchError,
-    BodySource,
-    _read_response,
-    build_bodies,
-    create_bench_database,
-    drop_bench_database,
     free_port,
-    libpq_url,
     log,
     percentile,
-    prepare_database,
+    quiet,
     run_and_report,
     server_log_problems,
-    spec_devices,
     start_server,
     stop_server,
     wait_ready,
@@ -173,7 +171,7 @@ async def agent(port: int, token: str, source: BodySource, deadline: float, phas
                 reader, writer = conn
                 writer.writelines((head, str(len(body)).encode(), b"\r\n\r\n", body))
                 await writer.drain()
-                status, data, keep, retry_after = await asyncio.wait_for(_read_response(reader), AGENT_TIMEOUT_S)
+                status, data, keep, retry_after = await asyncio.wait_for(read_response(reader), AGENT_TIMEOUT_S)
             except TimeoutError:
                 phase.late += 1  # the agent gives up on this answer and sends the same batch again later
                 if conn is not None:
@@ -223,7 +221,7 @@ async def flooder(port: int, deadline: float, phase: Phase) -> None:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(head)
             writer.write(body)
-            status, _data, _keep, _retry = await asyncio.wait_for(_read_response(reader), 30.0)
+            status, _data, _keep, _retry = await asyncio.wait_for(read_response(reader), 30.0)
             phase.flood[str(status)] += 1
         except (ConnectionError, asyncio.IncompleteReadError):
             phase.flood["reset"] += 1
@@ -256,7 +254,7 @@ def run_phase(
 
 def check_stored(url: str, acks: Acks) -> dict[str, Any]:
     """The database against what was acknowledged: each batch once, with its samples."""
-    with psycopg.connect(libpq_url(url)) as conn:
+    with connect(url) as conn:
         rows = dict(conn.execute("SELECT batch_id::text, samples FROM ingest_batches").fetchall())
         samples = conn.execute("SELECT count(*) FROM samples").fetchone()
     missing = [b for b in acks.batches if b not in rows]
@@ -298,21 +296,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]:
     seed: int = args.seed if args.seed is not None else secrets.randbits(31)
     tmp = Path(tempfile.mkdtemp(prefix="gpufleet-load-"))
-    stack.callback(lambda: shutil.rmtree(tmp, ignore_errors=True))
-    if args.database_url:
-        url, admin, name = create_bench_database(args.database_url)
-        stack.callback(drop_bench_database, admin, name)
-    else:
-        from app.embedded import EmbeddedPostgres
-
-        embedded = EmbeddedPostgres(tmp / "db")
-        stack.callback(embedded.stop)
-        url = embedded.start()
+    stack.callback(quiet("remove temporary folder", lambda: shutil.rmtree(tmp, ignore_errors=True)))
+    url = open_scratch(args.database_url, tmp, stack).url
     token = prepare_database(url)
     port = free_port()
     log_path = tmp / "server.log"
     proc = start_server(url, port, args.workers, log_path)
-    stack.callback(stop_server, proc)
+    stack.callback(quiet("stop server", lambda: stop_server(proc)))
 
     now = time.time()
     specs = [realistic_spec(i, seed, now, AGENT_BATCH_INTERVALS) for i in range(args.agents)]
@@ -374,4 +364,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

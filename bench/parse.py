@@ -1,7 +1,8 @@
 """Parse benchmark: the CPU the ingest route spends turning request bytes into a checked batch (strict schema,
 then the rules across fields), without the network or the database.
 
-    .venv/bin/python bench/parse.py [--intervals 360] [--runs 7]
+    .venv/bin/python -m bench.parse [--intervals 360] [--runs 7]
+    (or .venv/bin/python bench/parse.py with the same options)
 
 The batch is a p4d-like host as the agent sends it: 4 whole A100s and 4 in MIG mode with seven 1g.5gb slices
 each (36 devices), every figure present. Progress goes to stderr; the last line of stdout is one JSON object.
@@ -19,11 +20,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from app.ingest.parse import check_batch, decode_body, parse_batch  # noqa: E402
+if not __package__:  # run as `python bench/X.py`: import `bench` and `app` from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 INTERVAL_S = 10.0
 
@@ -102,11 +100,13 @@ def build(intervals: int, now: datetime) -> bytes:
     return json.dumps(body).encode()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--intervals", type=int, default=360, help="intervals in the batch (36 samples each)")
     ap.add_argument("--runs", type=int, default=7, help="timed runs; the median is reported")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    from app.ingest.parse import check_batch, decode_body, parse_batch
+
     now = datetime.now(UTC)
     raw = build(args.intervals, now)
     samples = args.intervals * 36

@@ -2,9 +2,11 @@
 bench/pages.py.
 
     .venv/bin/python -m bench.report [--instances 300] [--days 14] [--interval-s 30] [--runs 30]
-        [--data-dir DIR --keep] [--database-url URL] [--skip-load] [--load-workers 2]
+        [--data-dir DIR --keep] [--database-url URL] [--skip-load] [--load-workers 2] [--workers 1]
+        [--only SUBSTRING ...] [--compare EARLIER_OUTPUT]
+    (or .venv/bin/python bench/report.py with the same options)
 
-The fleet, its loading and these options are bench/pages.py's (imported, not copied): run with the same
+The fleet, its loading and these options are bench/pages.py's (bench/fleet_db.py, shared): run with the same
 `--data-dir DIR --keep` (or `--database-url`) and the same fleet parameters and both benchmarks share one
 loaded database; a run finds the fleet the other kept and only tops it up to the present. 300 instances are
 about 2,000 GPUs. The 30-day reports read 30 days only when the fleet has them: load it with `--days 30`.
@@ -14,7 +16,8 @@ Timing: for each window (24h, 7d, 30d), grouping (instance, instance_type, tag:t
 its whole answer is read. The run makes its own read token in the database (revoked at the end), so it does
 not depend on how the dashboard pages authenticate. Progress goes to stderr; the last line of stdout is one
 JSON object: p50/p95 ms, bytes, rows and status per combination, and the 30-day report by instance against
-its target (p95 under 300 ms).
+its target (p95 under 300 ms). `--only` times only the combinations whose key ("30d instance json") holds one
+of its substrings; `--compare` holds the p95s against an earlier run's, as bench/pages.py does.
 """
 
 from __future__ import annotations
@@ -23,25 +26,28 @@ import argparse
 import contextlib
 import json
 import secrets
-import statistics
 import sys
 import urllib.parse
-from collections import Counter
-from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from bench.ingest import log, percentile, run_and_report, server_log_problems, stop_server
-from bench.pages import (
+if not __package__:  # run as `python bench/X.py`: import `bench` and `app` from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.compare import against, last_json
+from bench.database import make_read_token, revoke_token
+from bench.fleet_db import parse_args, prepare, serve
+from bench.harness import (
     WARMUP,
+    BenchError,
     Client,
-    _quiet,
-    first_traceback,
-    make_read_token,
-    parse_args,
-    prepare,
-    read_meta,
+    log,
+    log_server_problems,
+    quiet,
     readable,
-    serve,
+    run_and_report,
+    stop_server,
+    time_get,
 )
 
 WINDOWS = ("24h", "7d", "30d")
@@ -49,18 +55,6 @@ GROUPINGS = ("instance", "instance_type", "tag:team")
 FORMATS = ("json", "csv")
 TARGET = ("30d", "instance", "json")
 TARGET_MS = 300.0
-
-
-def revoke_token(url: str, name: str) -> None:
-    from app.auth import revoke_token as revoke
-    from app.db import make_engine, make_sessionmaker, session_scope
-
-    engine = make_engine(url, pool_size=1)
-    try:
-        with session_scope(make_sessionmaker(engine)) as session:
-            revoke(session, name, now=datetime.now(UTC))
-    finally:
-        engine.dispose()
 
 
 def _rows(status: int, body: bytes, fmt: str) -> int | None:
@@ -82,39 +76,24 @@ def _problem(body: bytes) -> str:
 
 def time_report(reader: Client, window: str, by: str, fmt: str, runs: int) -> dict[str, Any]:
     path = "/api/v1/report?" + urllib.parse.urlencode({"window": window, "group_by": by, "format": fmt})
-    status, body, _took = reader.get(path)
-    if status != 200:
-        log(f"WARNING: {path} answered {status}: {_problem(body)}")
-    rows = _rows(status, body, fmt)
-    for _ in range(WARMUP - 1):
-        reader.get(path)
-    times: list[float] = []
-    statuses: Counter[int] = Counter()
-    size = 0
-    for _ in range(runs):
-        status, body, took = reader.get(path)
-        times.append(took * 1000.0)
-        statuses[status] += 1
-        size = len(body)
-    times.sort()
-    if len(statuses) > 1:
-        log(f"WARNING: {path} answered {dict(statuses)}")
-    return {
-        "p50_ms": round(statistics.median(times), 2),
-        "p95_ms": round(percentile(times, 0.95), 2),
-        "bytes": size,
-        "rows": rows,
-        "status": statuses.most_common(1)[0][0],
-    }
+    first = reader.get(path)
+    if first.status != 200:
+        log(f"WARNING: {path} answered {first.status}: {_problem(first.body)}")
+    timing = time_get(reader, path, runs=runs, warmup=WARMUP - 1)
+    return {**timing.figures(), "rows": _rows(first.status, first.body, fmt)}
 
 
 def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]:
+    earlier = last_json(args.compare) if args.compare else None  # a bad file fails now, not after the load
+    keys = [f"{window} {by} {fmt}" for window in WINDOWS for by in GROUPINGS for fmt in FORMATS]
+    if args.only and not any(s in key for key in keys for s in args.only):
+        raise BenchError(f"no report key ('window grouping format') holds any of {args.only}")
     prepared = prepare(args, stack)
     url = prepared.db.url
     name = f"bench-report-{secrets.token_hex(4)}"
     secret = make_read_token(url, name)
     # Registered after the database's own cleanup, so it runs first: the database is still up.
-    stack.callback(_quiet("revoke the bench token", lambda: revoke_token(url, name)))
+    stack.callback(quiet("revoke the bench token", lambda: revoke_token(url, name)))
     proc, port, log_path = serve(prepared, args.workers, stack)
     reader = Client(port, secret)
     stack.callback(reader.close)
@@ -122,44 +101,46 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]
     reports: dict[str, dict[str, Any]] = {}
     for window in WINDOWS:
         for by in GROUPINGS:
+            keys = [f"{window} {by} {fmt}" for fmt in FORMATS]
+            if args.only and not any(s in key for key in keys for s in args.only):
+                continue
             prepared.refresh()
-            for fmt in FORMATS:
-                key = f"{window} {by} {fmt}"
+            for fmt, key in zip(FORMATS, keys, strict=True):
+                if args.only and not any(s in key for s in args.only):
+                    continue
                 r = reports[key] = time_report(reader, window, by, fmt, args.runs)
                 log(f"{key}: {r['status']} p50 {r['p50_ms']} ms p95 {r['p95_ms']} ms, {r['rows']} rows, {r['bytes']} B")
     stop_server(proc)
-    problems, lines = server_log_problems(log_path)
-    for line in lines[:4]:
-        log(f"server log: {line}")
-    trace = first_traceback(log_path)
-    if trace:
-        log("first traceback in the server log:\n" + trace)
+    problems = log_server_problems(log_path)
 
     figures = prepared.figures
     fleet = prepared.fleet
-    target = reports[" ".join(TARGET)]
-    end = read_meta(url)
-    return {
+    target = reports.get(" ".join(TARGET))
+    result: dict[str, Any] = {
         **{k: figures.get(k) for k in ("instances", "gpus", "mig_gpus", "slices", "devices")},
         "reused": prepared.reused,
         "days": fleet.days if fleet else args.days,
         "interval_s": fleet.interval_s if fleet else args.interval_s,
-        "data_until": datetime.fromtimestamp(end["loaded_until"], UTC).isoformat() if end else None,
+        "data_until": prepared.data_until(),
         "topup_rows": prepared.topped,
         "runs": args.runs,
         "workers": args.workers,
+        "only": args.only,
         "reports": reports,
         "target": {
             "report": " ".join(TARGET),
-            "p95_ms": target["p95_ms"],
+            "p95_ms": target["p95_ms"] if target else None,
             "limit_ms": TARGET_MS,
-            "met": target["status"] == 200 and target["p95_ms"] < TARGET_MS,
+            "met": target is not None and target["status"] == 200 and target["p95_ms"] < TARGET_MS,
         },
         "reports_p95_max_ms": max((r["p95_ms"] for r in reports.values() if r["status"] == 200), default=None),
         "server_log_problems": problems,
         "database": prepared.db.where,
         "data_dir": str(prepared.db.disk) if prepared.db.disk else None,
     }
+    if earlier is not None:
+        result["compare"] = against(args.compare, earlier, result)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,8 @@
 in MIG mode with 7 slices each; 6 intervals of about 10 s per batch, in order, each after the last, starts and
 lengths off by a few milliseconds as an agent's are), against a fresh database on a real PostgreSQL server.
 
-    .venv/bin/python bench/write_path.py [--database-url URL] [--batches 400] [--devices 36] [--intervals 6]
+    .venv/bin/python -m bench.write_path [--database-url URL] [--batches 400] [--devices 36] [--intervals 6]
+    (or .venv/bin/python bench/write_path.py with the same options)
 
 Times the call itself (COPY and the one round trip) and, separately, the commit; reads this process's CPU time in
 the call, and the database backend's CPU time from /proc where the server runs on this machine. Progress goes to
@@ -21,20 +22,13 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psycopg
-from sqlalchemy import text
-from sqlalchemy.engine import make_url
+if not __package__:  # run as `python bench/X.py`: import `bench` and `app` from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from app.db import make_engine, make_sessionmaker  # noqa: E402
-from app.migrate import upgrade  # noqa: E402
-from app.store.partitions import create_day  # noqa: E402
-from app.store.samples import StageRow, write_samples  # noqa: E402
+if TYPE_CHECKING:
+    from app.store.samples import StageRow
 
 WARMUP = 20
 FLEETS = 8
@@ -49,14 +43,22 @@ def backend_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--batches", type=int, default=400)
     parser.add_argument("--devices", type=int, default=36)
     parser.add_argument("--intervals", type=int, default=6)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    import psycopg
+    from sqlalchemy import text
+    from sqlalchemy.engine import make_url
+
     import app
+    from app.db import make_engine, make_sessionmaker
+    from app.migrate import upgrade
+    from app.store.partitions import create_day
+    from app.store.samples import write_samples
 
     print(f"bench: code from {Path(app.__file__).parent}", file=sys.stderr)
 

@@ -94,8 +94,9 @@ class DemoProcess:
                 self.proc.wait(timeout=10)
 
 
-def get(url: str, timeout_s: float = 30.0) -> str:
-    with urllib.request.urlopen(url, timeout=timeout_s) as answer:
+def get(url: str, timeout_s: float = 30.0, *, accept: str | None = None) -> str:
+    request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+    with urllib.request.urlopen(request, timeout=timeout_s) as answer:
         body: bytes = answer.read()
     return body.decode()
 

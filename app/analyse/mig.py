@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .figures import SLICE, Unit
 from .fleet import GpuInfo, SliceInfo, free_slices
 from .states import OFFLINE, UNPARTITIONED
-from .waste import SLICE, Unit, WasteAnalysis
+from .waste import WasteAnalysis
 
 NO_PROCESS_SHARE = 0.99
 """A slice with no process for this share of its hours counts as holding nothing."""

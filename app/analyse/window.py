@@ -1,4 +1,4 @@
-"""The time window and the filters of an analysis, as they come from a query string.
+"""The time window and the filters of an analysis (app/params.py reads them from a query string).
 
 Rollups are hourly, so every window starts and ends on a UTC hour. The presets that span days start at a UTC
 midnight: those read one daily rollup row per device per day, which keeps a 30-day view as cheap as a day.
@@ -6,7 +6,7 @@ midnight: those read one daily rollup row per device per day, which keeps a 30-d
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -22,15 +22,6 @@ PRESETS: dict[str, timedelta] = {
 DEFAULT_PRESET = "24h"
 LIFECYCLES = ("spot", "on-demand", "on-prem")
 MAX_WINDOW = timedelta(days=400)
-
-
-class WindowError(ValueError):
-    """A window or filter parameter that cannot be used; `param` names it."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(f"{param}: {message}")
-        self.param = param
-        self.message = message
 
 
 def floor_hour(t: datetime) -> datetime:
@@ -64,6 +55,14 @@ class Window:
     def hours(self) -> float:
         """Length of the window up to now, hours (the part that can hold data)."""
         return max(0.0, (min(self.end, self.now) - self.start).total_seconds() / 3600)
+
+    @property
+    def span(self) -> timedelta:
+        return self.end - self.start
+
+    def previous(self) -> Window:
+        """The window of the same length that ends where this one starts (for "change vs previous")."""
+        return Window(start=self.start - self.span, end=self.start, now=self.now, label=f"previous {self.label}")
 
     @property
     def is_live(self) -> bool:
@@ -136,42 +135,6 @@ def preset_window(name: str, now: datetime) -> Window:
     return Window(start=start, end=end, now=now, label=name)
 
 
-def _parse_time(param: str, value: str) -> datetime:
-    try:
-        t = datetime.fromisoformat(value.strip().replace("Z", "+00:00").replace(" ", "+"))
-    except ValueError:
-        raise WindowError(param, f"not an ISO 8601 time: {value!r}") from None
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=UTC)
-    # Rounding out to whole hours must stay inside the years datetime can hold (1-9999).
-    if not datetime(1, 1, 2, tzinfo=UTC) <= t <= datetime(9999, 12, 30, tzinfo=UTC):
-        raise WindowError(param, f"out of range: {value!r}")
-    return t.astimezone(UTC)
-
-
-def parse_window(
-    window: str | None, start: str | None, end: str | None, *, now: datetime, default: str = DEFAULT_PRESET
-) -> Window:
-    """A preset (`window=24h`) or explicit `start`/`end` (ISO 8601; end defaults to now), rounded out to hours."""
-    if start or end:
-        if window:
-            raise WindowError("window", "give either window or start/end, not both")
-        if not start:
-            raise WindowError("start", "required with end")
-        t0 = _parse_time("start", start)
-        t1 = _parse_time("end", end) if end else now
-        if t1 <= t0:
-            raise WindowError("end", "must be after start")
-        if t1 - t0 > MAX_WINDOW:
-            raise WindowError("end", f"window longer than {MAX_WINDOW.days} days")
-        s, e = floor_hour(t0), ceil_hour(t1)
-        return Window(start=s, end=e, now=now, label=f"{s:%Y-%m-%d %H:%M} to {e:%Y-%m-%d %H:%M} UTC")
-    name = window or default
-    if name not in PRESETS:
-        raise WindowError("window", f"unknown window {name!r}; one of {', '.join(PRESETS)}")
-    return preset_window(name, now)
-
-
 @dataclass(frozen=True)
 class Filters:
     """Which instances an analysis covers; empty means all. Tags match when the instance has every pair."""
@@ -192,35 +155,3 @@ class Filters:
         if self.lifecycles and lifecycle not in self.lifecycles:
             return False
         return all(tags.get(k) == v for k, v in self.tags)
-
-
-def _clean(values: Sequence[str]) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(v.strip() for v in values if v and v.strip()))
-
-
-def parse_tag(value: str) -> tuple[str, str]:
-    key, sep, val = value.partition(":")
-    if not sep:
-        key, sep, val = value.partition("=")
-    if not sep or not key.strip():
-        raise WindowError("tag", f"expected key:value, got {value!r}")
-    return key.strip(), val.strip()
-
-
-def parse_filters(
-    *,
-    region: Sequence[str] = (),
-    instance_type: Sequence[str] = (),
-    lifecycle: Sequence[str] = (),
-    tag: Sequence[str] = (),
-) -> Filters:
-    lifecycles = _clean(lifecycle)
-    for value in lifecycles:
-        if value not in LIFECYCLES:
-            raise WindowError("lifecycle", f"unknown lifecycle {value!r}; one of {', '.join(LIFECYCLES)}")
-    return Filters(
-        regions=_clean(region),
-        instance_types=_clean(instance_type),
-        lifecycles=lifecycles,
-        tags=tuple(dict.fromkeys(parse_tag(t) for t in _clean(tag))),
-    )

@@ -48,7 +48,7 @@ STORIES: tuple[Story, ...] = (
         "llm-pretrain-a",
         "research",
         "two p4d.24xlarge of team ml-research train on weekdays and sit idle at night and at weekends",
-        "/waste?group_by=tag:team",
+        "/heatmap/week?tag=team:ml-research",
     ),
     Story("p4d-train", "p4d.24xlarge", "us-east-1", "on-demand", "ml-research", "llm-pretrain-b", "research"),
     Story(

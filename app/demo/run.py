@@ -323,7 +323,7 @@ def _run(options: DemoOptions, settings: Settings, sock: socket.socket, engine: 
             mem_held_mib=settings.mem_held_mib,
         )
         agents.sync(time.time())
-        _legend(fleet, agents, options.interval_s)
+        _legend(fleet, agents, options.interval_s, url)
         say(f"open {url}  (Ctrl-C stops the agents, the server and PostgreSQL)")
         while True:
             time.sleep(2.0)
@@ -334,7 +334,7 @@ def _run(options: DemoOptions, settings: Settings, sock: socket.socket, engine: 
         metadata.stop()
 
 
-def _legend(fleet: DemoFleet, agents: LiveAgents, interval_s: int) -> None:
+def _legend(fleet: DemoFleet, agents: LiveAgents, interval_s: int, url: str) -> None:
     say(
         f"{agents.running} agents post every {interval_s} s through the ingest API with their signed instance "
         "identity: the real gpufleet-agent, on simulated NVML and instance metadata"
@@ -347,3 +347,6 @@ def _legend(fleet: DemoFleet, agents: LiveAgents, interval_s: int) -> None:
     extra = len(fleet.instances) - len(STORIES)
     if extra > 0:
         print(f"  - and {extra} more instances at work in the background", flush=True)
+    say("over time: the overview charts GPU-hours by state and compares each figure with the previous window;")
+    print("  /heatmap?window=7d draws every instance hour by hour (rows=gpu or rows=tag:team for others)", flush=True)
+    say(f"every page also answers JSON: curl -H 'Accept: application/json' {url}gpus/idle")

@@ -8,19 +8,17 @@ down. So a token that passed the check lately is let through while the check its
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from threading import Lock
-from typing import TYPE_CHECKING
 
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
 from starlette.requests import Request
 
 from ..auth import hash_secret, require_read
-from ..db import session_scope
 from ..errors import ApiError
-
-if TYPE_CHECKING:
-    from ..state import AppState
+from ..settings import Settings
 
 REMEMBER_S = 900.0
 """How long a token that passed the check is let through while the database cannot be asked, s."""
@@ -57,18 +55,26 @@ class RecentReaders:
             return self._until.get(hash_secret(authorization), 0.0) > time.monotonic()
 
 
-def check_reader(state: AppState, request: Request) -> None:
-    """Return if the caller may read the metrics; raise ApiError (401, 403, or 503 without a database)."""
-    readers = state.metrics.readers
+def check_reader(
+    session: Session,
+    settings: Settings,
+    readers: RecentReaders,
+    request: Request,
+    *,
+    on_database_error: Callable[[], None],
+) -> None:
+    """Return if the caller may read the metrics; raise ApiError (401, 403, or 503 without a database). A database
+    failure leaves `session` rolled back, ready for the next try."""
     authorization = request.headers.get("authorization")
     try:
-        with session_scope(state.sessions) as session:
-            reader = require_read(session, request, now=datetime.now(UTC))
+        reader = require_read(session, request, settings, now=datetime.now(UTC))
+        session.flush()
     except ApiError:
         readers.forget(authorization)
         raise
     except SQLAlchemyError:
-        state.metrics.database_error("scrape")
+        session.rollback()
+        on_database_error()
         if readers.knows(authorization):
             return
         raise ApiError(503, "database unavailable: the token cannot be checked") from None

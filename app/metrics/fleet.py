@@ -11,10 +11,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -27,9 +26,6 @@ from ..analyse.now import current_state, gpu_equivalents_now, latest_samples
 from ..analyse.states import IDLE, IDLE_HELD, STATES, UNPARTITIONED, Thresholds
 from ..analyse.window import Filters
 from ..pricing.resolve import Pricer
-
-if TYPE_CHECKING:
-    from ..state import AppState
 
 log = logging.getLogger("gpufleet")
 
@@ -253,27 +249,31 @@ class FleetCollector:
     """Reads the fleet at every collect(). A database failure gives `gpufleet_database_up 0` and a count in
     `gpufleet_database_errors_total{during="scrape"}` instead of an error."""
 
-    def __init__(self, state: AppState) -> None:
-        self.state = state
+    def __init__(
+        self,
+        session: Session,
+        *,
+        pricer: Pricer,
+        thresholds: Thresholds,
+        on_database_error: Callable[[], None],
+    ) -> None:
+        self.session = session
+        self.pricer = pricer
+        self.thresholds = thresholds
+        self.on_database_error = on_database_error
 
     def collect(self) -> Iterator[Metric]:
-        state = self.state
         started = time.perf_counter()
         families: list[Metric] = []
         try:
-            with state.sessions() as session:
-                figures = fleet_figures(
-                    session,
-                    pricer=state.pricer,
-                    thresholds=Thresholds.from_settings(state.settings),
-                    now=datetime.now(UTC),
-                )
+            figures = fleet_figures(self.session, pricer=self.pricer, thresholds=self.thresholds, now=datetime.now(UTC))
             families = fleet_families(figures)
             up = 1
         except SQLAlchemyError as exc:
             reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
             log.warning("metrics: reading the fleet failed: %s", reason)
-            state.metrics.database_error("scrape")
+            self.session.rollback()
+            self.on_database_error()
             up = 0
         yield GaugeMetricFamily(
             "gpufleet_database_up", "1 if the fleet was read from the database for this scrape, else 0.", value=up

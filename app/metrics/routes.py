@@ -7,9 +7,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.concurrency import run_in_threadpool
+from sqlalchemy.orm import Session
 
+from ..analyse.states import Thresholds
 from ..auth import requires
+from ..deps import SessionDep
 from ..ingest.schemas import ErrorOut
 from ..state import AppState, app_state
 from .access import check_reader
@@ -27,9 +29,18 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _scrape(state: AppState, request: Request) -> bytes:
-    check_reader(state, request)
-    return state.metrics.exposition(FleetCollector(state))
+def _scrape(state: AppState, session: Session, request: Request) -> bytes:
+    def on_database_error() -> None:
+        state.metrics.database_error("scrape")
+
+    check_reader(session, state.settings, state.metrics.readers, request, on_database_error=on_database_error)
+    collector = FleetCollector(
+        session,
+        pricer=state.pricer,
+        thresholds=Thresholds.from_settings(state.settings),
+        on_database_error=on_database_error,
+    )
+    return state.metrics.exposition(collector)
 
 
 @router.get(
@@ -39,9 +50,8 @@ def _scrape(state: AppState, request: Request) -> bytes:
     responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format."}, **_ERRORS},
     openapi_extra=requires("read"),
 )
-async def metrics(request: Request) -> Response:
+def metrics(request: Request, session: SessionDep) -> Response:
     """Ingest counters and latency, database errors, and the fleet now (agents, GPUs by state, waste in USD/h);
     docs/metrics.md lists every metric. Needs a token with the `read` scope (or a dashboard login)."""
-    state = app_state(request)
-    body = await run_in_threadpool(_scrape, state, request)
+    body = _scrape(app_state(request), session, request)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -1,28 +1,29 @@
 """GET /api/v1/report: the utilization report as JSON or CSV, for a token with the `read` scope.
 
-The query string is read by hand, so that every bad value answers 400 with a message naming its parameter;
-the parameters are described to OpenAPI through `openapi_extra` instead of being declared to FastAPI.
+The query string is read by app/params.py, so that every bad value answers 400 with a message naming its
+parameter; the parameters are described to OpenAPI by app/openapi_params.py.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.concurrency import run_in_threadpool
+from sqlalchemy.orm import Session
 from starlette.responses import Response
 
 from ..analyse.states import Thresholds
-from ..analyse.window import PRESETS, WindowError, parse_filters, parse_window
-from ..auth import require_read, requires
-from ..db import session_scope
+from ..auth import Reader, require_read, requires
+from ..deps import SessionDep, SettingsDep
 from ..errors import ApiError, FieldProblem
 from ..ingest.schemas import ErrorOut
+from ..openapi_params import FILTER_PARAMS, query_param, window_params
+from ..params import BadParameter, filters_of, parse_group_by, window_of
 from ..state import AppState, app_state
 from .schemas import ReportOut
-from .service import DEFAULT_WINDOW, FIGURE_COLUMNS, Report, build_report, check_retention, parse_group_by
+from .service import DEFAULT_WINDOW, FIGURE_COLUMNS, Report, build_report, check_retention
 
 router = APIRouter(tags=["report"])
 
@@ -55,80 +56,46 @@ def _format(request: Request) -> str:
     asked = request.query_params.get("format")
     if asked is not None:
         if asked not in FORMATS:
-            raise WindowError("format", f"unknown format {asked!r}; json or csv")
+            raise BadParameter("format", f"unknown format {asked!r}; json or csv")
         return asked
     return "csv" if wants_csv(request.headers.get("accept", "")) else "json"
 
 
-def _build(state: AppState, request: Request) -> tuple[Report, str]:
+def report_reader(request: Request, session: SessionDep, settings: SettingsDep) -> Reader:
+    return require_read(session, request, settings, now=datetime.now(UTC))
+
+
+def _build(session: Session, state: AppState, request: Request) -> tuple[Report, str]:
     now = datetime.now(UTC)
     q = request.query_params
-    with session_scope(state.sessions) as session:
-        require_read(session, request, now=now)
     try:
         fmt = _format(request)
-        window = parse_window(
-            q.get("window") or None, q.get("start") or None, q.get("end") or None, now=now, default=DEFAULT_WINDOW
-        )
+        window = window_of(q, now=now, default=DEFAULT_WINDOW)
         check_retention(
             window,
             rollup_retention_days=state.settings.rollup_retention_days,
             param="window" if q.get("window") else "start",
         )
-        filters = parse_filters(
-            region=q.getlist("region"),
-            instance_type=q.getlist("instance_type"),
-            lifecycle=q.getlist("lifecycle"),
-            tag=q.getlist("tag"),
-        )
+        filters = filters_of(q)
         group_by = parse_group_by(q.getlist("group_by"))
-    except WindowError as err:
+    except BadParameter as err:
         raise ApiError(400, "bad report parameter", [FieldProblem(err.param, err.message)]) from None
-    with state.sessions() as session:
-        report = build_report(
-            session,
-            window=window,
-            filters=filters,
-            group_by=group_by,
-            pricer=state.pricer,
-            thresholds=Thresholds.from_settings(state.settings),
-            now=now,
-            cache=state.fleet_rows,
-        )
+    report = build_report(
+        session,
+        window=window,
+        filters=filters,
+        group_by=group_by,
+        pricer=state.pricer,
+        thresholds=Thresholds.from_settings(state.settings),
+        now=now,
+        cache=state.fleet_rows,
+    )
     return report, fmt
 
 
-def _param(name: str, description: str, example: Any, *, repeat: bool = False) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "string"}
-    if repeat:
-        schema = {"type": "array", "items": schema}
-    return {
-        "name": name,
-        "in": "query",
-        "required": False,
-        "description": description,
-        "schema": schema,
-        "example": example,
-        **({"style": "form", "explode": True} if repeat else {}),
-    }
-
-
 PARAMETERS = [
-    _param(
-        "start",
-        "Start of the window, ISO 8601 (UTC when no offset is given), rounded down to the hour. With neither "
-        "`start` nor `window`: the last 7 days. Must not be before the oldest rollups kept "
-        "(`GPUFLEET_ROLLUP_RETENTION_DAYS`).",
-        "2026-11-01T00:00:00Z",
-    ),
-    _param("end", "End of the window, ISO 8601, rounded up to the hour; needs `start`. Default: now.", "2026-11-08"),
-    _param(
-        "window",
-        f"Instead of `start`/`end`, a preset as on the dashboard: {', '.join(PRESETS)}. "
-        "7d and 30d start at a UTC midnight.",
-        "30d",
-    ),
-    _param(
+    *window_params("7 days", retention_note=True),
+    query_param(
         "group_by",
         "One or more of instance, instance_type, region, availability_zone, lifecycle, gpu, slice, gpu_model, "
         "tag:<key>; repeat the parameter or separate names with commas. Several give one row per combination. "
@@ -136,21 +103,8 @@ PARAMETERS = [
         ["instance_type", "tag:team"],
         repeat=True,
     ),
-    _param("region", "Only instances in these regions (repeatable).", ["us-east-1"], repeat=True),
-    _param("instance_type", "Only instances of these types (repeatable).", ["p4d.24xlarge"], repeat=True),
-    _param(
-        "lifecycle",
-        "Only instances of these lifecycles: spot, on-demand, on-prem (repeatable).",
-        ["spot"],
-        repeat=True,
-    ),
-    _param(
-        "tag",
-        "Only instances with this tag, `key:value` (or `key=value`); repeated, every one must match.",
-        ["team:vision"],
-        repeat=True,
-    ),
-    _param(
+    *FILTER_PARAMS,
+    query_param(
         "format",
         "json or csv. Without it, an Accept header that prefers text/csv to application/json chooses CSV.",
         "csv",
@@ -229,12 +183,11 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
     responses=RESPONSES,
     openapi_extra={**requires("read"), "parameters": PARAMETERS},
 )
-async def report(request: Request) -> Response:
+def report(request: Request, session: SessionDep, _reader: Annotated[Reader, Depends(report_reader)]) -> Response:
     """GPU-hours, utilization, hours per state and cost per group over a window (default: the last 7 days),
     with the same figures as the dashboard. Needs a bearer token with the `read` (or `admin`) scope, or a
     dashboard login."""
-    state = app_state(request)
-    built, fmt = await run_in_threadpool(_build, state, request)
+    built, fmt = _build(session, app_state(request), request)
     if fmt == "csv":
         name = f"gpufleet-report-{built.window.start:%Y%m%d}.csv"
         return StreamingResponse(

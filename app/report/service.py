@@ -4,22 +4,24 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session
 
+from ..analyse.figures import Figures, Unit
 from ..analyse.fleet import DeviceRowsCache, load_fleet
+from ..analyse.grouping import GroupRow
 from ..analyse.states import UNPARTITIONED, Thresholds
-from ..analyse.waste import Figures, GroupRow, Unit, WasteAnalysis, analyse_waste, is_group_name
-from ..analyse.window import Filters, Window, WindowError, floor_day
+from ..analyse.waste import WasteAnalysis, analyse_waste
+from ..analyse.window import Filters, Window, floor_day
+from ..params import BadParameter
 from ..pricing.resolve import Pricer
 
 CURRENCY = "USD"
 DEFAULT_WINDOW = "7d"
-MAX_GROUPINGS = 8
 CSV_CHUNK_CHARS = 64 * 1024
 """The CSV goes out in pieces of about this many characters: small enough to stream, large enough that a
 report of thousands of rows is not thousands of tiny writes."""
@@ -43,23 +45,6 @@ FIGURE_COLUMNS = (
 )
 
 
-def parse_group_by(values: Sequence[str]) -> list[str]:
-    """Group-by names from repeated and/or comma-separated values; WindowError naming `group_by` if unknown."""
-    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
-    for name in names:
-        if not is_group_name(name):
-            raise WindowError(
-                "group_by",
-                f"unknown grouping {name!r}; use instance, instance_type, region, "
-                "availability_zone, lifecycle, gpu, slice, gpu_model or tag:<key>",
-            )
-    if len(set(names)) != len(names):
-        raise WindowError("group_by", "a grouping is named twice")
-    if len(names) > MAX_GROUPINGS:
-        raise WindowError("group_by", f"at most {MAX_GROUPINGS} groupings at once, got {len(names)}")
-    return names or ["instance_type"]
-
-
 def retained_since(now: datetime, rollup_retention_days: int) -> datetime:
     """The oldest time the hourly and daily rollups still hold in full: the UTC midnight of the day the
     retention horizon falls in (the upkeep pass deletes a day only once all of it is past the horizon)."""
@@ -70,10 +55,10 @@ def retained_since(now: datetime, rollup_retention_days: int) -> datetime:
 
 
 def check_retention(window: Window, *, rollup_retention_days: int, param: str = "start") -> None:
-    """WindowError naming `param` when the window starts before the rollups the report reads are kept."""
+    """BadParameter naming `param` when the window starts before the rollups the report reads are kept."""
     oldest = retained_since(window.now, rollup_retention_days)
     if window.start < oldest:
-        raise WindowError(
+        raise BadParameter(
             param,
             f"starts at {window.start.isoformat()}, before the oldest data kept: the rollups go back to "
             f"{oldest.isoformat()} (GPUFLEET_ROLLUP_RETENTION_DAYS={rollup_retention_days})",

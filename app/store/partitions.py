@@ -154,9 +154,12 @@ def upkeep(
     # goes once it lies wholly before the horizon, as a samples partition does. The index on `day` keeps the
     # passes with nothing to delete cheap; about once a day one pass deletes a day of rows (one per device),
     # and autovacuum hands their space to the rows that arrive next.
-    daily_deleted = conn.execute(
-        text("DELETE FROM rollups_daily WHERE day <= :last"), {"last": rollup_horizon - timedelta(days=1)}
-    ).rowcount
+    last = rollup_horizon - timedelta(days=1)
+    daily_deleted = conn.execute(text("DELETE FROM rollups_daily WHERE day <= :last"), {"last": last}).rowcount
+    # The per-instance rollups are small (one row per instance per hour or day) and go with the device rollups.
+    conn.execute(text("DELETE FROM instance_rollups_daily WHERE day <= :last"), {"last": last})
+    first_kept = datetime.combine(rollup_horizon.date(), datetime.min.time(), UTC)
+    conn.execute(text("DELETE FROM instance_rollups_hourly WHERE hour < :h"), {"h": first_kept})
     return UpkeepResult(created, dropped, daily_deleted)
 
 

@@ -1,9 +1,10 @@
 """Who may see the dashboard: the dependency every page takes, the way to the login form, the session cookie.
 
 A page needs a reader (app.auth.require_read). Without credentials, or with a session cookie that no longer
-holds, a full-page request is sent to `/login?next=<its path>` (303) and an htmx request gets 401 with an
-`HX-Redirect` header to the same place, so htmx loads the login page instead of swapping in a fragment. A bad
-bearer token is a script's mistake and gets the API's 401 or 403 answer.
+holds, a request for a page's JSON (`Accept: application/json`) gets the API's 401; a full-page request is sent
+to `/login?next=<its path>` (303) and an htmx request gets 401 with an `HX-Redirect` header to the same place,
+so htmx loads the login page instead of swapping in a fragment. A bad bearer token is a script's mistake and
+gets the API's 401 or 403 answer.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from ..auth import LoginRequired, Reader, is_loopback, require_read
-from ..db import session_scope
+from ..deps import SessionDep, SettingsDep
 from ..sessions import SESSION_COOKIE
 from ..state import app_state
 from .csrf import use_token
+from .errors import wants_json
 from .templating import is_htmx
 
 LOGIN_PATH = "/login"
@@ -33,14 +35,15 @@ class ToLogin(Exception):
         self.stale_cookie = stale_cookie
 
 
-def page_reader(request: Request) -> Reader:
-    """The dependency of every dashboard page: the reader, also kept in `request.state.reader` for templates."""
-    state = app_state(request)
-    with session_scope(state.sessions) as session:
-        try:
-            reader = require_read(session, request, now=datetime.now(UTC), dashboard=True)
-        except LoginRequired:
-            raise ToLogin(stale_cookie=SESSION_COOKIE in request.cookies) from None
+def page_reader(request: Request, session: SessionDep, settings: SettingsDep) -> Reader:
+    """The dependency of every dashboard page: the reader, also kept in `request.state.reader` for templates.
+    It shares the request's database session with the page (app/deps.py)."""
+    try:
+        reader = require_read(session, request, settings, now=datetime.now(UTC), dashboard=True)
+    except LoginRequired as err:
+        if wants_json(request):
+            raise  # a script asking for a page's JSON gets the API's 401, not the login form
+        raise ToLogin(stale_cookie=SESSION_COOKIE in request.cookies) from err
     request.state.reader = reader
     if reader.session is not None:
         use_token(request, reader.session.csrf_secret)

@@ -9,16 +9,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from fastapi import APIRouter, Request
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from ..auth import authenticate, peer_address, require_read, requires
-from ..db import session_scope
+from ..deps import SessionDep, SettingsDep
 from ..errors import ApiError
 from ..passwords import MAX_PASSWORD_CHARS, verify_password
 from ..sessions import SESSION_COOKIE, end_session, find_session, open_session
-from ..state import AppState, app_state
+from ..settings import Settings
+from ..state import app_state
 from .access import (
     LOGIN_PATH,
     LOGOUT_PATH,
@@ -78,63 +80,57 @@ def _login_form(request: Request, *, next_path: str, error: str | None = None, s
     return response
 
 
-def _signed_in(state: AppState, request: Request) -> bool:
-    with session_scope(state.sessions) as session:
-        try:
-            require_read(session, request, now=datetime.now(UTC), dashboard=True)
-        except ApiError:
-            return False
+def _signed_in(session: Session, settings: Settings, request: Request) -> bool:
+    try:
+        require_read(session, request, settings, now=datetime.now(UTC), dashboard=True)
+    except ApiError:
+        return False
     return True
 
 
 @router.get(LOGIN_PATH, openapi_extra=requires(None))
-def login_page(request: Request) -> Response:
+def login_page(request: Request, session: SessionDep, settings: SettingsDep) -> Response:
     """The form; someone who may read already (or anyone, with auth off) goes straight on to `next`."""
-    state = app_state(request)
     next_path = safe_next(request.query_params.get("next"))
-    if state.settings.auth == "off" or _signed_in(state, request):
+    if settings.auth == "off" or _signed_in(session, settings, request):
         return RedirectResponse(next_path, status_code=303)
     return _login_form(request, next_path=next_path)
 
 
-def _check(state: AppState, form: dict[str, str], old_cookie: str | None) -> Outcome:
+def _check(session: Session, settings: Settings, form: dict[str, str], old_cookie: str | None) -> Outcome:
     """Open a session for the token or password in the form; the old session of this browser, if any, ends."""
-    settings = state.settings
     now = datetime.now(UTC)
     lifetime = timedelta(hours=settings.session_hours)
     token = form.get("token", "").strip()
     password = form.get("password", "")
     if not token and not password:
         return Outcome(error="Enter a token.", counts=False)
-    with session_scope(state.sessions) as session:
-        if token:
-            if len(token) > _MAX_TOKEN_CHARS:
-                return Outcome(error="Unknown or revoked token.")
-            try:
-                caller = authenticate(session, f"Bearer {token}", needed="read", now=now)
-            except ApiError as exc:
-                if exc.status_code == 403:
-                    return Outcome(error="This token may not read: the dashboard needs a token of scope read or admin.")
-                return Outcome(error="Unknown or revoked token.")
-            token_id: int | None = caller.token_id
-            password_hash = None
-        else:
-            password_hash = settings.admin_password_hash
-            if password_hash is None:
-                return Outcome(error="This server has no admin password: log in with a token.", counts=False)
-            if len(password) > MAX_PASSWORD_CHARS or not verify_password(password, password_hash):
-                return Outcome(error="Wrong password.")
-            token_id = None
-        if old_cookie:
-            end_session(session, old_cookie)
-        cookie, _live = open_session(
-            session, token_id=token_id, password_hash=password_hash, lifetime=lifetime, now=now
-        )
+    if token:
+        if len(token) > _MAX_TOKEN_CHARS:
+            return Outcome(error="Unknown or revoked token.")
+        try:
+            caller = authenticate(session, f"Bearer {token}", needed="read", now=now)
+        except ApiError as exc:
+            if exc.status_code == 403:
+                return Outcome(error="This token may not read: the dashboard needs a token of scope read or admin.")
+            return Outcome(error="Unknown or revoked token.")
+        token_id: int | None = caller.token_id
+        password_hash = None
+    else:
+        password_hash = settings.admin_password_hash
+        if password_hash is None:
+            return Outcome(error="This server has no admin password: log in with a token.", counts=False)
+        if len(password) > MAX_PASSWORD_CHARS or not verify_password(password, password_hash):
+            return Outcome(error="Wrong password.")
+        token_id = None
+    if old_cookie:
+        end_session(session, old_cookie)
+    cookie, _live = open_session(session, token_id=token_id, password_hash=password_hash, lifetime=lifetime, now=now)
     return Outcome(cookie=cookie)
 
 
 @router.post(LOGIN_PATH, openapi_extra=requires(None))
-async def login(request: Request) -> Response:
+async def login(request: Request, session: SessionDep) -> Response:
     state = app_state(request)
     if state.settings.auth == "off":
         return RedirectResponse("/", status_code=303)
@@ -157,7 +153,7 @@ async def login(request: Request) -> Response:
     next_path = safe_next(form.get("next"))
     if not csrf_ok(request.cookies.get(LOGIN_CSRF_COOKIE), form, {}):
         return _login_form(request, next_path=next_path, error="The login form had expired. Try again.", status=400)
-    outcome = await run_in_threadpool(_check, state, form, request.cookies.get(SESSION_COOKIE))
+    outcome = await run_in_threadpool(_check, session, state.settings, form, request.cookies.get(SESSION_COOKIE))
     if outcome.cookie is None:
         if outcome.counts:
             state.failed_logins.failed(address, now=time.monotonic())
@@ -168,20 +164,19 @@ async def login(request: Request) -> Response:
     return done
 
 
-def _end(state: AppState, cookie: str, form: dict[str, str], headers: Headers) -> bool:
+def _end(session: Session, settings: Settings, cookie: str, form: dict[str, str], headers: Headers) -> bool:
     """End the session behind `cookie` if the form carries its CSRF token; False when it does not."""
-    with session_scope(state.sessions) as session:
-        live = find_session(session, cookie, password_hash=state.settings.admin_password_hash, now=datetime.now(UTC))
-        if live is None:
-            return True  # nothing left to end
-        if not csrf_ok(live.csrf_secret, form, headers):
-            return False
-        end_session(session, cookie)
+    live = find_session(session, cookie, password_hash=settings.admin_password_hash, now=datetime.now(UTC))
+    if live is None:
+        return True  # nothing left to end
+    if not csrf_ok(live.csrf_secret, form, headers):
+        return False
+    end_session(session, cookie)
     return True
 
 
 @router.post(LOGOUT_PATH, openapi_extra=requires(None))
-async def logout(request: Request) -> Response:
+async def logout(request: Request, session: SessionDep) -> Response:
     """Ends this browser's session; needs the session's CSRF token, as every form that changes state does."""
     state = app_state(request)
     cookie = request.cookies.get(SESSION_COOKIE)
@@ -190,7 +185,7 @@ async def logout(request: Request) -> Response:
             form = await read_form(request)
         except FormError:
             form = {}
-        if not await run_in_threadpool(_end, state, cookie, form, request.headers):
+        if not await run_in_threadpool(_end, session, state.settings, cookie, form, request.headers):
             return render(
                 request,
                 "error.html",

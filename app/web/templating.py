@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
-from typing import Any, cast
+from typing import Any
 from urllib.parse import urlencode
 
-from jinja2 import ChoiceLoader, Environment, FileSystemLoader, StrictUndefined, Template, select_autoescape
+from jinja2 import ChoiceLoader, Environment, FileSystemLoader, StrictUndefined, select_autoescape
+from jinja2_fragments import BlockNotFoundError, render_block
 from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
@@ -25,8 +26,23 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 
 from .. import __version__
-from .charts import STATE_HELP, mig_layout_svg, state_bar_svg, state_class, state_label, timeseries_svg
+from .chart_data import heat_rows, metric_lines, strip_rows
+from .charts import (
+    STATE_HELP,
+    bars_svg,
+    device_lines_svg,
+    hour_of_week_svg,
+    mig_layout_svg,
+    stacked_states_svg,
+    state_bar_svg,
+    state_class,
+    state_heatmap_svg,
+    state_label,
+    state_strip_svg,
+    timeseries_svg,
+)
 from .csrf import csrf_field
+from .privileges import SEE_ALSO
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
@@ -51,6 +67,7 @@ NAV = (
     NavItem("idle", "/gpus/idle", "Idle GPUs"),
     NavItem("mig", "/mig", "MIG"),
     NavItem("waste", "/waste", "Waste"),
+    NavItem("heatmap", "/heatmap", "Heatmaps"),
     NavItem("instances", "/instances", "Instances"),
 )
 
@@ -151,7 +168,16 @@ def num(value: Number | None, decimals: int = 0) -> str:
     return f"{v:,.{decimals}f}"
 
 
+def state_hours(rows: Iterable[Any]) -> dict[str, float]:
+    """Rows with `state` and `gpu_hours` (a view's state table) as {state: GPU-hours}, for a state bar."""
+    return {r.state: r.gpu_hours for r in rows}
+
+
 FILTERS = {
+    "state_hours": state_hours,
+    "metric_lines": metric_lines,
+    "strip_rows": strip_rows,
+    "heat_rows": heat_rows,
     "usd": usd,
     "usd_rate": usd_rate,
     "pct": pct,
@@ -292,41 +318,23 @@ def make_environment(*extra_dirs: Path) -> Environment:
         state_bar_svg=state_bar_svg,
         mig_layout_svg=mig_layout_svg,
         timeseries_svg=timeseries_svg,
+        stacked_states_svg=stacked_states_svg,
+        bars_svg=bars_svg,
+        state_heatmap_svg=state_heatmap_svg,
+        hour_of_week_svg=hour_of_week_svg,
+        device_lines_svg=device_lines_svg,
+        state_strip_svg=state_strip_svg,
         version=__version__,
         as_list=as_list,
         select_options=select_options,
         csrf_field=csrf_field,
         current_reader=current_reader,
+        privileges_see_also=SEE_ALSO,
     )
     return env
 
 
 environment = make_environment()
-
-
-def render_block(template: Template, block: str, context: Mapping[str, Any]) -> str:
-    """Only `block` of `template`, as it would render inside the whole page.
-
-    The page render is started and stopped at its first output, which runs the template's top-level
-    `{% import %}`s and `{% set %}`s and registers the blocks of its parents, so a block that uses macros,
-    `super()` or a block defined only in a parent renders as in the full page.
-    """
-    env = template.environment
-    ctx = template.new_context(dict(context))
-    try:
-        page = cast(Generator[str, None, None], template.root_render_func(ctx))
-        try:
-            next(page, None)
-        finally:
-            page.close()
-    except Exception:
-        env.handle_exception()  # re-raises with the template's file and line in the traceback
-    if block not in ctx.blocks:
-        raise KeyError(f"template {template.name!r} has no block {block!r}")
-    try:
-        return "".join(ctx.blocks[block][0](ctx))
-    except Exception:
-        env.handle_exception()
 
 
 def render(
@@ -343,9 +351,15 @@ def render(
 
     The context also gets `request`; `static_url`, `url_with` and the filters are there in every template.
     """
-    template = (env or environment).get_template(template_name)
+    environment_ = env or environment
     values = {**context, "request": request}
-    html = template.render(values) if block is None else render_block(template, block, values)
+    if block is None:
+        html = environment_.get_template(template_name).render(values)
+    else:
+        try:
+            html = render_block(environment_, template_name, block, values)
+        except BlockNotFoundError:
+            raise KeyError(f"template {template_name!r} has no block {block!r}") from None
     response = HTMLResponse(html, status_code=status_code, headers=headers)
     # Whole page or fragment depends on the HX-Request header: caches must keep them apart.
     response.headers.add_vary_header("HX-Request")

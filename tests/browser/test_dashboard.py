@@ -109,8 +109,9 @@ def test_instances(tab: Tab) -> None:
 def test_instance_detail(tab: Tab) -> None:
     page = open_page(tab, "/instances/i-mig")
     expect(page.locator("h1")).to_contain_text("i-mig")
-    charts = page.locator("section.gpu .charts svg")
-    expect(charts).to_have_count(3)
+    # The state strip and one chart per metric for every GPU and slice of the instance.
+    charts = page.locator("section#charts svg")
+    expect(charts).to_have_count(4)
     for chart in charts.all():
         expect(chart).to_be_visible()
         box = chart.bounding_box()

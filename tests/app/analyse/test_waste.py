@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from app.analyse.figures import GPU, SLICE
 from app.analyse.states import UNPARTITIONED
-from app.analyse.waste import GPU, SLICE
 from app.analyse.window import Filters
 from tests.app.analyse.conftest import P4D_PER_GPU_HOUR, Analyst, Feeder, busy, held, idle, unknown
 from tests.factories import gpu, mig_slice, unsized_slice
@@ -210,7 +210,7 @@ def test_mig_mode_switched_on_mid_window(feeder: Feeder, analyst: Analyst) -> No
 def test_figures_add_covers_every_field() -> None:
     from dataclasses import fields
 
-    from app.analyse.waste import Figures
+    from app.analyse.figures import Figures
 
     one = Figures(**{f.name: 1.0 for f in fields(Figures)})
     total = Figures()

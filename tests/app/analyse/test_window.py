@@ -1,12 +1,13 @@
-"""Windows and filters from query-string values."""
+"""Windows: presets, and the rollup rows that make them up."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import pytest
 
-from app.analyse.window import DAILY, DAY, HOUR, HOURLY, RollupRead, WindowError, parse_filters, parse_window
+from app.analyse.window import DAILY, DAY, HOUR, HOURLY, RollupRead
+from app.params import parse_window
 
 NOW = datetime(2026, 11, 21, 14, 25, 10, tzinfo=UTC)
 
@@ -64,41 +65,8 @@ def test_short_window_inside_one_day() -> None:
     assert w.end - w.start == 6 * HOUR
 
 
-@pytest.mark.parametrize(
-    ("window", "start", "end", "param"),
-    [
-        ("2w", None, None, "window"),
-        (None, "yesterday", None, "start"),
-        (None, "2026-11-20T00:00:00Z", "2026-11-19T00:00:00Z", "end"),
-        (None, None, "2026-11-19T00:00:00Z", "start"),
-        ("24h", "2026-11-20T00:00:00Z", None, "window"),
-        (None, "2024-01-01T00:00:00Z", None, "end"),
-        # Times at the ends of the calendar, which rounding to whole hours would push past it.
-        (None, "0001-01-01T00:30:00+01:00", None, "start"),
-        (None, "9999-12-31T22:00:00Z", "9999-12-31T23:30:00Z", "start"),
-        (None, "9999-12-29T00:00:00Z", "9999-12-31T23:30:00Z", "end"),
-    ],
-)
-def test_bad_windows_name_the_parameter(window: str | None, start: str | None, end: str | None, param: str) -> None:
-    with pytest.raises(WindowError) as err:
-        parse_window(window, start, end, now=NOW)
-    assert err.value.param == param
-
-
-def test_naive_times_are_utc() -> None:
-    w = parse_window(None, "2026-11-20T10:00", None, now=NOW)
-    assert w.start == datetime(2026, 11, 20, 10, tzinfo=UTC)
-    assert w.end == datetime(2026, 11, 21, 15, tzinfo=UTC)
-
-
-def test_filters() -> None:
-    f = parse_filters(region=["us-east-1", "", "us-east-1"], lifecycle=["spot"], tag=["team:ml", "env=prod"])
-    assert f.regions == ("us-east-1",)
-    assert f.tags == (("team", "ml"), ("env", "prod"))
-    assert f.match(region="us-east-1", instance_type="x", lifecycle="spot", tags={"team": "ml", "env": "prod"})
-    assert not f.match(region="us-east-1", instance_type="x", lifecycle="spot", tags={"team": "ml"})
-    with pytest.raises(WindowError, match="lifecycle"):
-        parse_filters(lifecycle=["reserved"])
-    with pytest.raises(WindowError, match="tag"):
-        parse_filters(tag=["novalue"])
-    assert parse_window("24h", None, None, now=NOW).now - NOW == timedelta(0)
+def test_previous_window_has_the_same_length_and_ends_at_the_start() -> None:
+    w = parse_window("7d", None, None, now=NOW)
+    prev = w.previous()
+    assert prev.end == w.start and prev.end - prev.start == w.end - w.start
+    assert prev.now == NOW and not prev.is_live

@@ -3,6 +3,7 @@ Ctrl-C leaving no PostgreSQL behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -56,6 +57,13 @@ def test_the_demo_tells_its_stories_live_and_stops_everything(tmp_path: Path) ->
         overview = text_of(get(url))
         assert re.search(r"Instances 13 ", overview), overview[:400]
         assert "ml-research" in overview and "inference" in overview
+        # Over time: the p4d pair of ml-research wastes most at night and at weekends; every page answers JSON.
+        assert "heatmap/week?tag=team:ml-research" in demo.output
+        week = json.loads(get(url + "heatmap/week?tag=team:ml-research&window=7d", accept="application/json"))
+        assert week["total_usd"] > 0 and week["peak"] is not None
+        assert "svg" in get(url + "heatmap?window=7d") and "chart-stacked" in get(url + "?window=7d")
+        idle_json = json.loads(get(url + "gpus/idle", accept="application/json"))
+        assert any(r["instance"]["name"] == "vision-finetune-dev" for r in idle_json["rows"])
         mig = text_of(get(url + "mig"))
         assert "inference-serving" in mig and "shared-a100-mig" in mig
         [page] = re.findall(r"what to grant: /(instances/i-0[0-9a-f]+)", demo.output)

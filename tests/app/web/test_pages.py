@@ -152,8 +152,9 @@ def test_htmx_request_gets_the_live_block_only(client: TestClient, story: dict[s
 def test_instance_page_charts_and_sources(client: TestClient, story: dict[str, Any]) -> None:
     doc = page(client, "/instances/i-mig?window=6h")
     assert "i-mig" in doc.select_one("h1").get_text(" ", strip=True)
-    charts = doc.select("section.gpu .charts svg")
-    assert len(charts) == 3
+    # One strip of states and one chart per metric for the whole instance, not one set per GPU.
+    assert len(doc.select("section#charts svg")) == 4
+    assert not doc.select("section.gpu svg")
     text = doc.select_one("section.gpu").get_text(" ", strip=True)
     assert "A100 MIG" in text  # the reason utilization is absent
     assert "none" in text  # the source of the slices' utilization
@@ -214,7 +215,7 @@ def test_price_file_problem_is_visible(client: TestClient, feeder: Feeder) -> No
 
 
 def test_paginate_clamps_to_the_last_page() -> None:
-    from app.web.pages import paginate
+    from app.web.views.common import paginate
 
     rows = list(range(250))
     first, pager = paginate(rows, 1)

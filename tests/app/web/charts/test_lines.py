@@ -1,4 +1,4 @@
-"""SVG charts: gaps stay gaps, text is escaped, bars add up, MIG layouts show free capacity."""
+"""Line charts: gaps stay gaps, text is escaped, dense series are thinned, many devices hover as columns."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 
 import pytest
 from markupsafe import Markup
 
-from app.web.charts import STATES, MigSlot, Series, mig_layout_svg, state_bar_svg, timeseries_svg
+from app.web.charts import Series, device_lines_svg, series_class, timeseries_svg
 
 SVG = "{http://www.w3.org/2000/svg}"
 START = datetime(2026, 11, 21, 0, 0, tzinfo=UTC)
@@ -153,53 +154,91 @@ def test_legend_wraps_and_the_chart_grows() -> None:
     assert all(float(t.get("x", "0")) + 12 * 6.2 < 640 for t in legend.iter(f"{SVG}text"))
 
 
-def test_state_bar_order_and_sum() -> None:
-    shares = {"offline": 1.0, "idle": 2.0, "active": 3.0, "unknown": 1.0, "idle-held": 1.0, "unpartitioned": 2.0}
-    root = parse(state_bar_svg(shares, width=400, height=16))
-    groups = [g for g in root.iter(f"{SVG}g") if "seg" in g.get("class", "").split()]
-    states = [g.get("class", "").split()[1].removeprefix("state-") for g in groups]
-    assert states == list(STATES)
-    widths = [float(g.find(f"{SVG}rect").get("width", "0")) for g in groups]  # type: ignore[union-attr]
-    assert sum(widths) == pytest.approx(400, abs=0.05)
-    titles = [g.find(f"{SVG}title").text for g in groups]  # type: ignore[union-attr]
-    assert titles[0] == "active: 30.0%" and titles[2] == "idle: 20.0%"
-    # Hatched states carry their stripes; solid ones do not.
-    hatched = [g.get("class") for g in groups if g.find(f"{SVG}path") is not None]
-    assert hatched == ["seg state-unpartitioned", "seg state-unknown"]
-
-
-def test_state_bar_skips_zero_and_handles_nothing() -> None:
-    root = parse(state_bar_svg({"active": 0.25, "idle": 0.75, "offline": 0.0}))
-    assert len([g for g in root.iter(f"{SVG}g")]) == 2
-    empty = state_bar_svg({})
-    assert "no data" in str(empty)
-    with pytest.raises(ValueError, match="unknown state"):
-        state_bar_svg({"busy": 1.0})
-
-
-def test_mig_layout_with_unpartitioned_slots() -> None:
-    slots = [
-        MigSlot(0, 3, "3g.40gb", "active", "3g.40gb GI 1: 87% <busy>"),
-        MigSlot(3, 2, "2g.20gb", "idle", "2g.20gb GI 5: idle 6 h"),
-        MigSlot(5, 2, "", "unpartitioned", "2 free compute slices: $1.20/h"),
+def devices(n: int, steps: int, step_s: int = 300) -> list[Series]:
+    return [
+        Series(f"GPU {g}", points([float((g * 7 + i) % 100) for i in range(steps)], step_s=step_s), series_class(g))
+        for g in range(n)
     ]
-    svg = mig_layout_svg(slots, width=168, height=28, title="i-0abc GPU 0")
+
+
+def hover_titles(svg: Markup) -> list[str]:
+    hover = parse(svg).find(f"{SVG}g[@class='hover']")
+    assert hover is not None
+    return [rect.findtext(f"{SVG}title", "") for rect in hover.iter(f"{SVG}rect")]
+
+
+def test_series_classes_cycle_colours_then_dash() -> None:
+    assert [series_class(i) for i in (0, 7, 8, 15, 16)] == [
+        "series-1",
+        "series-8",
+        "series-1 dashed",
+        "series-8 dashed",
+        "series-1 dotted",
+    ]
+
+
+def test_device_lines_hover_columns_list_every_device() -> None:
+    series = devices(3, 12)
+    series[1] = Series("GPU 1", points([None] * 5 + [7.5] * 7, step_s=300), "series-2")
+    svg = device_lines_svg(
+        series,
+        start=START,
+        end=START + timedelta(hours=1),
+        step_s=300,
+        y_label="Utilization, %",
+        y_max=100,
+        unit="%",
+        title="i-0abc",
+    )
     root = parse(svg)
-    groups = [g for g in root.iter(f"{SVG}g") if "slot" in g.get("class", "").split()]
-    assert [g.get("class") for g in groups] == ["slot state-active", "slot state-idle", "slot state-unpartitioned"]
-    rects = [g.find(f"{SVG}rect") for g in groups]
-    widths = [float(r.get("width", "0")) for r in rects if r is not None]
-    assert widths[0] > widths[1] == pytest.approx(widths[2])
-    # Free capacity is striped, and tooltips are escaped.
-    assert groups[2].find(f"{SVG}path") is not None and groups[0].find(f"{SVG}path") is None
-    assert "&lt;busy&gt;" in str(svg)
-    assert root.get("aria-label", "").startswith("i-0abc GPU 0: 3g.40gb active; 2g.20gb idle")
-    # Column guides for the 7 compute slices.
-    assert len(root.findall(f"{SVG}g[@class='cols']/{SVG}line")) == 6
+    # The lines as a time series draws them, one per device, then a column per step with data.
+    assert len([p for p in root.iter(f"{SVG}path") if "line" in p.get("class", "")]) == 3
+    titles = hover_titles(svg)
+    assert len(titles) == 12
+    assert titles[0] == "2026-11-21 00:00 UTC\nGPU 0: 0.0 %\nGPU 1: \u2013\nGPU 2: 14.0 %"
+    assert titles[5].splitlines()[2] == "GPU 1: 7.5 %"
+    # Columns tile the plot without overlapping: the first and last are half a step wide.
+    hover = root.find(f"{SVG}g[@class='hover']")
+    assert hover is not None and hover.get("fill") == "none" and hover.get("pointer-events") == "all"
+    rects = list(hover.iter(f"{SVG}rect"))
+    xs = [(float(r.get("x", "0")), float(r.get("width", "0"))) for r in rects]
+    assert xs[0][0] == 40 and all(abs(a[0] + a[1] - b[0]) < 0.11 for a, b in pairwise(xs))
+    assert xs[-1][0] + xs[-1][1] <= 640 - 10
 
 
-def test_mig_slot_must_fit() -> None:
-    with pytest.raises(ValueError):
-        MigSlot(5, 3, "3g", "active", "")
-    with pytest.raises(ValueError):
-        MigSlot(0, 1, "1g", "busy", "")
+def test_device_lines_skip_steps_without_data_and_escape_names() -> None:
+    evil = Series("<GPU & 1>", points([1.0, None, None, 2.0], step_s=300), "series-1")
+    svg = device_lines_svg([evil], start=START, end=START + timedelta(minutes=15), step_s=300, y_label="W", title="t")
+    assert "<GPU & 1>" not in str(svg) and "&lt;GPU &amp; 1&gt;: 1.0" in str(svg)
+    assert [t.splitlines()[1] for t in hover_titles(svg)] == ["<GPU & 1>: 1.0", "<GPU & 1>: 2.0"]
+
+
+def test_device_lines_stay_small_for_a_day_of_sixteen_devices() -> None:
+    svg = device_lines_svg(
+        devices(16, 288),
+        start=START,
+        end=START + timedelta(days=1),
+        step_s=300,
+        y_label="Utilization, %",
+        y_max=100,
+        unit="%",
+        title="i-0abc",
+        width=760,
+        height=220,
+    )
+    # 5-minute steps are 2.4 units wide at this size: a column covers two of them, 10 minutes.
+    assert len(hover_titles(svg)) == 145  # both ends included
+    assert len(str(svg).encode()) < 120_000
+    # The legend wraps to more rows and the chart grows for them.
+    legend = parse(svg).find(f"{SVG}g[@class='legend']")
+    assert legend is not None and len({t.get("y") for t in legend.iter(f"{SVG}text")}) >= 2
+
+
+def test_device_lines_merge_steps_narrower_than_four_units() -> None:
+    svg = device_lines_svg(
+        devices(2, 2880, step_s=30), start=START, end=START + timedelta(days=1), step_s=30, y_label="%", title="t"
+    )
+    titles = hover_titles(svg)
+    # 590 units of plot: at most one column per 4 units, each naming its middle time.
+    assert 100 < len(titles) <= 148
+    assert titles[1].startswith("2026-11-21 00:")

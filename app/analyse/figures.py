@@ -1,0 +1,198 @@
+"""Units of capacity and their figures over a window: a passthrough GPU, a MIG slice (worth compute slices / 7 of
+its GPU), or the unpartitioned capacity of a MIG-mode GPU. Units carry GPU-hours per state; money is hours x the
+unit's price.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .fleet import GpuInfo, InstanceInfo, SliceInfo
+from .states import UNPARTITIONED
+
+HOURS_PER_MONTH = 730.0
+"""8,760 hours a year / 12: the month a projection is given for."""
+
+GPU = "gpu"
+SLICE = "slice"
+# The third kind of unit, the free capacity of a MIG GPU, shares its name with the state it is in.
+
+
+@dataclass(slots=True)
+class Figures:
+    """Additive figures of one unit or a group of units. Hours are GPU-equivalent hours (a 3g slice counts
+    3/7 of an hour per hour); money is USD and counts priced units of known size only."""
+
+    gpu_hours: float = 0.0
+    active_h: float = 0.0
+    idle_held_h: float = 0.0
+    idle_h: float = 0.0
+    """Includes unpartitioned MIG capacity."""
+    unknown_h: float = 0.0
+    offline_h: float = 0.0
+    unpartitioned_h: float = 0.0
+    no_proc_h: float = 0.0
+    util_known_h: float = 0.0
+    util_sum_h: float = 0.0
+    """Utilization x hours over the hours with a figure, %*h."""
+    cost: float = 0.0
+    idle_cost: float = 0.0
+    idle_held_cost: float = 0.0
+    unused_cost: float = 0.0
+    """Cost x (1 - utilization), over hours with a utilization figure."""
+    unpartitioned_cost: float = 0.0
+    unpriced_gpu_hours: float = 0.0
+    """GPU-hours of units with no price: their money is left out of every USD figure, never counted as 0."""
+    unsized_slice_h: float = 0.0
+    """Hours (of the clock) of MIG slices of unknown size: their share of a GPU is unknown, so they are left out
+    of GPU-hours and of every USD figure, never counted as 0 or as free."""
+    free_unknown_h: float = 0.0
+    """Hours (of the clock) of MIG GPUs whose layout was not known in full: none of it counts as unpartitioned."""
+
+    def add(self, other: Figures) -> None:
+        # Spelled out: this runs for every unit in every grouping, and a loop over fields costs 5x more.
+        self.gpu_hours += other.gpu_hours
+        self.active_h += other.active_h
+        self.idle_held_h += other.idle_held_h
+        self.idle_h += other.idle_h
+        self.unknown_h += other.unknown_h
+        self.offline_h += other.offline_h
+        self.unpartitioned_h += other.unpartitioned_h
+        self.no_proc_h += other.no_proc_h
+        self.util_known_h += other.util_known_h
+        self.util_sum_h += other.util_sum_h
+        self.cost += other.cost
+        self.idle_cost += other.idle_cost
+        self.idle_held_cost += other.idle_held_cost
+        self.unused_cost += other.unused_cost
+        self.unpartitioned_cost += other.unpartitioned_cost
+        self.unpriced_gpu_hours += other.unpriced_gpu_hours
+        self.unsized_slice_h += other.unsized_slice_h
+        self.free_unknown_h += other.free_unknown_h
+
+    @property
+    def avg_util(self) -> float | None:
+        """Mean utilization over hours with a figure, %; None when no hour had one."""
+        return self.util_sum_h / self.util_known_h if self.util_known_h > 0 else None
+
+    @property
+    def unknown_share(self) -> float | None:
+        """Share of covered GPU-hours whose utilization is unknown, 0-1."""
+        return self.unknown_h / self.gpu_hours if self.gpu_hours > 0 else None
+
+    @property
+    def waste(self) -> float:
+        """Cost while idle or idle-held, USD."""
+        return self.idle_cost + self.idle_held_cost
+
+    @property
+    def capacity_unknown(self) -> bool:
+        """Whether some MIG capacity in these figures is of unknown size (left out of GPU-hours and money)."""
+        return self.unsized_slice_h > 0 or self.free_unknown_h > 0
+
+    @property
+    def only_unknown(self) -> bool:
+        """Whether these figures cover nothing of known size, only MIG capacity of unknown size: their GPU-hours
+        and money are unknown, not 0."""
+        return self.gpu_hours == 0 and self.capacity_unknown
+
+    @property
+    def state_hours(self) -> dict[str, float]:
+        """GPU-hours per state, unpartitioned capacity apart from idle (for a state bar)."""
+        return {
+            "active": self.active_h,
+            "idle-held": self.idle_held_h,
+            "idle": self.idle_h - self.unpartitioned_h,
+            "unpartitioned": self.unpartitioned_h,
+            "unknown": self.unknown_h,
+            "offline": self.offline_h,
+        }
+
+    @property
+    def all_hours(self) -> float:
+        return self.gpu_hours + self.offline_h
+
+    def share(self, state: str) -> float:
+        total = self.all_hours
+        return self.state_hours[state] / total if total > 0 else 0.0
+
+
+class Unit:
+    """One unit of capacity over the window: its figures, its price (USD per GPU-hour) and its weight (share of
+    a GPU: 1, or compute slices / 7; None for a slice of unknown size)."""
+
+    # A plain slotted class: a fleet builds thousands of units on every page view.
+    __slots__ = ("_device", "_figures", "gpu", "kind", "slice", "usd_per_gpu_hour", "weight")
+
+    def __init__(
+        self,
+        kind: str,
+        gpu: GpuInfo,
+        slice: SliceInfo | None,
+        weight: float | None,
+        usd_per_gpu_hour: float | None,
+        figures: Figures,
+        device: Figures | None = None,
+    ) -> None:
+        self.kind = kind
+        self.gpu = gpu
+        self.slice = slice
+        self.weight = weight
+        self.usd_per_gpu_hour = usd_per_gpu_hour
+        self._figures = figures
+        # A slice of unknown size: its own figures in hours of the device (weight 1, unpriced), for its seconds
+        # and utilization; `figures` then holds only its unsized hours.
+        self._device = device
+
+    def figures(self) -> Figures:
+        """What this unit adds to its groups and to the totals."""
+        return self._figures
+
+    @property
+    def sized(self) -> bool:
+        """False for a slice of unknown size: its GPU-hours and money are unknown."""
+        return self.weight is not None
+
+    @property
+    def instance(self) -> InstanceInfo:
+        return self.gpu.instance
+
+    @property
+    def key(self) -> str:
+        if self.slice is not None:
+            return f"slice:{self.slice.pk}"
+        return f"{self.kind}:{self.gpu.pk}"
+
+    @property
+    def label(self) -> str:
+        if self.slice is not None:
+            return self.slice.label
+        if self.kind == UNPARTITIONED:
+            return f"{self.gpu.label} unpartitioned"
+        return self.gpu.label
+
+    @property
+    def usd_per_hour(self) -> float | None:
+        """What this unit costs per hour it runs, USD/h; None with no price or no known size."""
+        if self.usd_per_gpu_hour is None or self.weight is None:
+            return None
+        return self.usd_per_gpu_hour * self.weight
+
+    @property
+    def covered_s(self) -> float:
+        """Seconds with data, s."""
+        if self._device is not None:
+            return self._device.gpu_hours * 3600
+        return self._figures.gpu_hours * 3600 / self.weight if self.weight else 0.0
+
+    @property
+    def no_proc_s(self) -> float:
+        """Seconds with no compute process, s."""
+        if self._device is not None:
+            return self._device.no_proc_h * 3600
+        return self._figures.no_proc_h * 3600 / self.weight if self.weight else 0.0
+
+    @property
+    def avg_util(self) -> float | None:
+        """Mean utilization over the seconds with a figure, %."""
+        return (self._device or self._figures).avg_util

@@ -1,0 +1,152 @@
+"""Grouping units: by something of their instance (type, region, zone, lifecycle, a tag, the instance itself) or
+by something of the unit (GPU model, GPU, slice), and by combinations of them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from .figures import Figures, Unit
+from .fleet import InstanceInfo
+
+InstanceKey = Callable[[InstanceInfo], tuple[str, str]]
+UnitKey = Callable[[Unit], tuple[str, str]]
+
+
+def _tag_key(tag: str) -> InstanceKey:
+    def key(i: InstanceInfo) -> tuple[str, str]:
+        value = i.tags.get(tag)
+        return (value, value) if value is not None else ("", f"(no {tag} tag)")
+
+    return key
+
+
+def _field_key(name: str, missing: str) -> InstanceKey:
+    def key(i: InstanceInfo) -> tuple[str, str]:
+        value = getattr(i, name)
+        return (value, value) if value else ("", missing)
+
+    return key
+
+
+def _instance_key(i: InstanceInfo) -> tuple[str, str]:
+    return i.instance_id, i.name
+
+
+def _gpu_key(u: Unit) -> tuple[str, str]:
+    return str(u.gpu.pk), u.gpu.label
+
+
+def _slice_key(u: Unit) -> tuple[str, str]:
+    return u.key, u.label
+
+
+def _model_key(u: Unit) -> tuple[str, str]:
+    model = u.instance.gpu_model or u.gpu.name
+    return model, model
+
+
+# Groupings by something of the instance add up per-instance figures; the others go unit by unit.
+INSTANCE_GROUPS: dict[str, InstanceKey] = {
+    "instance": _instance_key,
+    "instance_type": _field_key("instance_type", "(no instance type)"),
+    "region": _field_key("region", "(no region)"),
+    "availability_zone": _field_key("availability_zone", "(no zone)"),
+    "lifecycle": _field_key("lifecycle", "(no lifecycle)"),
+}
+UNIT_GROUPS: dict[str, UnitKey] = {"gpu_model": _model_key, "gpu": _gpu_key, "slice": _slice_key}
+GROUPS = (*INSTANCE_GROUPS, *UNIT_GROUPS)
+"""Every group-by name, besides `tag:<key>`."""
+
+
+def is_group_name(name: str) -> bool:
+    return name in GROUPS or (name.startswith("tag:") and len(name) > 4)
+
+
+def _instance_level(name: str) -> InstanceKey | None:
+    """The instance key of a grouping by something of the instance; None for a unit-level one."""
+    if name.startswith("tag:") and len(name) > 4:
+        return _tag_key(name[4:])
+    if name in UNIT_GROUPS:
+        return None
+    return INSTANCE_GROUPS[name]
+
+
+def _unit_level(name: str) -> UnitKey:
+    if name in UNIT_GROUPS:
+        return UNIT_GROUPS[name]
+    key = _instance_level(name)
+    assert key is not None
+    return lambda u: key(u.instance)
+
+
+@dataclass
+class GroupRow:
+    key: str
+    label: str
+    figures: Figures = field(default_factory=Figures)
+    units: list[Unit] = field(default_factory=list)
+    gpus: set[int] = field(default_factory=set)
+    prices: set[str] = field(default_factory=set)
+    """Sources of the prices of this row's units."""
+    parts: list[tuple[str, str]] = field(default_factory=list)
+    """(key, label) per grouping, in the order asked for."""
+
+    @property
+    def sample(self) -> Unit:
+        return self.units[0]
+
+
+def group_rows(by_instance: dict[int, GroupRow], units: Sequence[Unit], names: Sequence[str]) -> list[GroupRow]:
+    """Rows per combination of the named groupings (keys and labels joined by " / "), largest waste
+    first. Groupings by something of the instance add up per-instance figures; the others go unit by
+    unit. KeyError for an unknown name."""
+    instance_keys = [_instance_level(n) for n in names]
+    rows: dict[str, GroupRow] = {}
+
+    def row_for(parts: list[tuple[str, str]]) -> GroupRow:
+        key = " / ".join(k for k, _l in parts)
+        row = rows.get(key)
+        if row is None:
+            row = rows[key] = GroupRow(key, " / ".join(label for _k, label in parts))
+            row.parts = parts
+        return row
+
+    if all(k is not None for k in instance_keys):
+        for inst_row in by_instance.values():
+            inst = inst_row.sample.instance
+            row = row_for([k(inst) for k in instance_keys if k is not None])
+            row.figures.add(inst_row.figures)
+            row.units.extend(inst_row.units)
+            row.gpus |= inst_row.gpus
+            row.prices |= inst_row.prices
+    else:
+        unit_keys = [_unit_level(n) for n in names]
+        for unit in units:
+            row = row_for([k(unit) for k in unit_keys])
+            row.figures.add(unit.figures())
+            row.units.append(unit)
+            row.gpus.add(unit.gpu.pk)
+            row.prices.add(unit.instance.price.source)
+    return sorted(rows.values(), key=lambda r: (-r.figures.waste, -r.figures.cost, r.label))
+
+
+def per_instance(units: Iterable[Unit]) -> dict[int, GroupRow]:
+    rows: dict[int, GroupRow] = {}
+    for unit in units:
+        inst = unit.instance
+        row = rows.get(inst.pk)
+        if row is None:
+            row = rows[inst.pk] = GroupRow(inst.instance_id, inst.name)
+            row.prices.add(inst.price.source)
+        row.figures.add(unit.figures())
+        row.units.append(unit)
+        row.gpus.add(unit.gpu.pk)
+    return rows
+
+
+def summarise(rows: Iterable[GroupRow]) -> Figures:
+    total = Figures()
+    for row in rows:
+        total.add(row.figures)
+    return total

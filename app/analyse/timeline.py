@@ -1,0 +1,266 @@
+"""The fleet over time: GPU-hours per state and USD per time bucket, per row (the fleet, a GPU, an instance, a
+tag value), by the rules of `build_units` (app/analyse/waste.py), in one query per call.
+
+Rows made of whole instances (the fleet, an instance, a tag value) read the per-instance rollups
+(app/analyse/instance_series.py), where each device was weighed as it was when its seconds arrived. Rows of single
+GPUs read the device rollups, every GPU counting in the mode it is in now (in MIG mode, or with slices in the
+fleet). Either way, summed over its buckets a timeline gives the figures of the window analysis, except that:
+
+- the window analysis splits a GPU's hours at each MIG mode change inside the window;
+- the floors at 0 (unpartitioned capacity, offline time, each state) apply per bucket and rollup row, not once
+  per window: they differ only where the data contradicts itself (slices covering more than their GPU);
+- slices of unknown size are left out altogether (their hours are counted apart in the window analysis).
+
+Hourly buckets read hourly rollups. Daily buckets read the daily rollups for the days wholly inside the span
+and the hours of the partial days at its edges; a span that reaches now reads today's daily row whole, as it
+holds only what has arrived so far (as `Window.rollup_reads` does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from .device_series import (
+    SUMS,
+    TIMELINE_SQL,
+    Span,
+    check_bound,
+    device_arrays,
+    grouped_sql,
+    read_params,
+    reads,
+)
+from .fleet import Fleet
+from .instance_series import bucket_fields, instance_params, instance_rows, timeline_sql, totals_sql
+from .states import ACTIVE, IDLE, IDLE_HELD, OFFLINE, UNKNOWN, UNPARTITIONED, Thresholds
+from .window import DAY, HOUR, Window, floor_day, floor_hour
+
+HOURLY_UP_TO = timedelta(days=7)
+FILTER_INSTANCES_UP_TO = 100
+"""Up to this many instances the per-instance rollups are read through their (instance_pk, hour) index."""
+
+
+def bucket_step(span: timedelta) -> timedelta:
+    """Bucket length for a span: hourly up to 7 days, daily beyond."""
+    return HOUR if span <= HOURLY_UP_TO else DAY
+
+
+@dataclass(slots=True)
+class BucketFigures:
+    """Additive figures of one bucket of one row. Hours are GPU-equivalent hours (a 3g slice counts 3/7 of an
+    hour per hour); money is USD and counts priced units of known size only."""
+
+    active_h: float = 0.0
+    idle_held_h: float = 0.0
+    idle_h: float = 0.0
+    """Idle slices and GPUs; free MIG capacity is apart, in `unpartitioned_h`."""
+    unpartitioned_h: float = 0.0
+    unknown_h: float = 0.0
+    offline_h: float = 0.0
+    """Hours a GPU was expected to send data and none came, GPU-hours (a MIG GPU counts whole)."""
+    cost: float = 0.0
+    idle_cost: float = 0.0
+    """Cost while idle, unpartitioned capacity included, USD."""
+    idle_held_cost: float = 0.0
+    unpriced_gpu_hours: float = 0.0
+    """GPU-hours of units with no price: their money is left out of every USD figure, never counted as 0."""
+
+    def add(self, other: BucketFigures) -> None:
+        self.active_h += other.active_h
+        self.idle_held_h += other.idle_held_h
+        self.idle_h += other.idle_h
+        self.unpartitioned_h += other.unpartitioned_h
+        self.unknown_h += other.unknown_h
+        self.offline_h += other.offline_h
+        self.cost += other.cost
+        self.idle_cost += other.idle_cost
+        self.idle_held_cost += other.idle_held_cost
+        self.unpriced_gpu_hours += other.unpriced_gpu_hours
+
+    @property
+    def gpu_hours(self) -> float:
+        """GPU-hours with data (every state but offline)."""
+        return self.active_h + self.idle_held_h + self.idle_h + self.unpartitioned_h + self.unknown_h
+
+    @property
+    def waste(self) -> float:
+        """Cost while idle or idle-held, USD."""
+        return self.idle_cost + self.idle_held_cost
+
+    @property
+    def all_hours(self) -> float:
+        return self.gpu_hours + self.offline_h
+
+    @property
+    def state_hours(self) -> dict[str, float]:
+        """GPU-hours per state, in the order of a state bar (as `Figures.state_hours`)."""
+        return {
+            ACTIVE: self.active_h,
+            IDLE_HELD: self.idle_held_h,
+            IDLE: self.idle_h,
+            UNPARTITIONED: self.unpartitioned_h,
+            UNKNOWN: self.unknown_h,
+            OFFLINE: self.offline_h,
+        }
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Figures per row and bucket. Bucket i is [starts[i], starts[i] + step), cut to [start, end): a daily
+    timeline whose span starts mid-day has a shorter first bucket."""
+
+    starts: list[datetime]
+    """Bucket starts, UTC, in order."""
+    step: timedelta
+    rows: dict[str, list[BucketFigures]]
+    """Row key -> one BucketFigures per bucket (zeros where no data)."""
+    start: datetime
+    end: datetime
+
+    def _picked(self, start: datetime | None, end: datetime | None) -> list[int]:
+        # A bucket belongs to the span that holds its first instant.
+        first = (max(s, self.start) for s in self.starts)
+        return [i for i, s in enumerate(first) if (start is None or s >= start) and (end is None or s < end)]
+
+    def total(
+        self, row: str | None = None, *, start: datetime | None = None, end: datetime | None = None
+    ) -> BucketFigures:
+        """Sum over the buckets that begin in [start, end), of one row or (None) of every row. Split on bucket
+        boundaries for exact figures: a bucket across `start` or `end` counts whole, on the side it begins on.
+        KeyError for an unknown row."""
+        picked = self._picked(start, end)
+        out = BucketFigures()
+        for figures in [self.rows[row]] if row is not None else self.rows.values():
+            for i in picked:
+                out.add(figures[i])
+        return out
+
+    def buckets(self, rows: Iterable[str] | None = None) -> list[BucketFigures]:
+        """Per bucket, the sum over `rows` (None: every row)."""
+        out = [BucketFigures() for _ in self.starts]
+        for key in self.rows if rows is None else rows:
+            for acc, figures in zip(out, self.rows[key], strict=True):
+                acc.add(figures)
+        return out
+
+
+def _bucket_starts(start: datetime, end: datetime, step: timedelta) -> list[datetime]:
+    t = floor_day(start) if step == DAY else start
+    out = []
+    while t < end:
+        out.append(t)
+        t += step
+    return out
+
+
+def timeline(
+    session: Session,
+    fleet: Fleet,
+    *,
+    start: datetime,
+    end: datetime,
+    now: datetime,
+    step: timedelta,
+    thresholds: Thresholds,
+    row_of: Mapping[int, str] | None = None,
+) -> Timeline:
+    """Figures per row and bucket of [start, end) (UTC hours; `step` HOUR or DAY), in one query.
+
+    `row_of` maps GPU pks to row keys (a GPU's slices and its unpartitioned capacity go with it); GPUs not in
+    it are left out, and every key in it gets a row. None: one row "" for the whole fleet. ValueError for an
+    idle threshold with no rollup bound, a step other than an hour or a day, or a start off the hour.
+    """
+    bound = check_bound(thresholds)
+    if step not in (HOUR, DAY):
+        raise ValueError(f"bucket step must be an hour or a day, not {step}")
+    if start != floor_hour(start):
+        raise ValueError(f"start must be on a UTC hour: {start}")
+    keys = [""] if row_of is None else list(dict.fromkeys(row_of.values()))
+    index = {k: i for i, k in enumerate(keys)}
+    row_index = None if row_of is None else {pk: index[k] for pk, k in row_of.items()}
+    starts = _bucket_starts(start, end, step)
+    found: list[list[BucketFigures | None]] = [[None] * len(starts) for _ in keys]
+    rs = reads(start, end, now, step)
+    kinds = tuple(r[0] for r in rs)
+    whole = instance_rows(fleet, row_index)
+    at = {t: i for i, t in enumerate(starts)}
+    if whole is not None:
+        # Rows of whole instances: the per-instance rollups.
+        params, spans = instance_params(fleet, whole, start=start, end=end, now=now)
+        if params["pk"] and starts:
+            sql = timeline_sql(bound, kinds, len(params["pk"]) <= FILTER_INSTANCES_UP_TO)
+            for r, b, *sums in session.execute(text(sql), params | read_params(rs)).all():
+                found[r][at[b]] = BucketFigures(*bucket_fields(*sums))
+    else:
+        params, spans = device_arrays(fleet, start=start, end=end, now=now, row_of=row_index)
+        if params["ids"] and starts:
+            sql = grouped_sql(bound, kinds, tuple(SUMS), TIMELINE_SQL)
+            for r, b, *values in session.execute(text(sql), params | read_params(rs)).all():
+                found[r][at[b]] = BucketFigures(*values)
+    rows = _with_offline(found, spans, starts[0] if starts else start, step)
+    return Timeline(starts=starts, step=step, rows=dict(zip(keys, rows, strict=True)), start=start, end=end)
+
+
+def window_totals(session: Session, fleet: Fleet, window: Window, *, thresholds: Thresholds) -> BucketFigures:
+    """The timeline's figures of the whole fleet summed over `window`, read as the window analysis reads it (whole
+    days from the daily per-instance rollups, the hours around them added or taken away): a few rows per
+    instance, for comparing with a previous window."""
+    bound = check_bound(thresholds)
+    every = {pk: 0 for pk in fleet.instances}
+    params, spans = instance_params(fleet, every, start=window.start, end=window.end, now=window.now)
+    window_reads = window.rollup_reads()
+    if not params["pk"] or not window_reads:
+        return BucketFigures()
+    binds: dict[str, Any] = dict(params)
+    for n, r in enumerate(window_reads):
+        binds[f"t{n}a"], binds[f"t{n}b"] = r.start, r.end
+    sql = totals_sql(bound, tuple((r.table, r.sign) for r in window_reads))
+    row = session.execute(text(sql), binds).one()
+    out = BucketFigures(*bucket_fields(*row))
+    expected_s = sum((hi - lo).total_seconds() for _r, lo, hi in spans)
+    out.offline_h = max(0.0, out.offline_h + expected_s / 3600)
+    return out
+
+
+def _with_offline(
+    found: list[list[BucketFigures | None]], spans: Iterable[Span], t0: datetime, step: timedelta
+) -> list[list[BucketFigures]]:
+    """Every bucket's figures (zeros where none were found) with its offline hours: the seconds each GPU was
+    expected to report in it less those it covered (`offline_h` holds minus those), floored at 0. Each GPU's
+    span adds its partial first and last buckets and marks its whole ones in a difference array, so the cost is
+    GPUs + rows x buckets, never GPUs x buckets."""
+    step_s = step.total_seconds()
+    n = len(found[0]) if found else 0
+    marks: dict[int, tuple[list[int], list[float]]] = {}
+    for r, lo, hi in spans:
+        whole, part = marks.setdefault(r, ([0] * (n + 1), [0.0] * (n + 1)))
+        a, b = (lo - t0).total_seconds(), (hi - t0).total_seconds()
+        i, j = int(a // step_s), int(b // step_s)
+        if i == j:
+            part[i] += b - a
+            continue
+        part[i] += (i + 1) * step_s - a
+        whole[i + 1] += 1
+        whole[j] -= 1
+        part[j] += b - j * step_s
+    out = []
+    for r, row in enumerate(found):
+        whole, part = marks.get(r, ([0] * (n + 1), [0.0] * (n + 1)))
+        running = 0
+        cells = []
+        for k, f in enumerate(row):
+            running += whole[k]
+            expected_h = (part[k] + running * step_s) / 3600
+            if f is None:
+                f = BucketFigures(offline_h=expected_h)
+            else:
+                f.offline_h = max(0.0, f.offline_h + expected_h)
+            cells.append(f)
+        out.append(cells)
+    return out
