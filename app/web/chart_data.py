@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
+from ..analyse.states import ACTIVE, IDLE, IDLE_HELD, OFFLINE, UNKNOWN, UNPARTITIONED
 from .charts import HeatCell, HeatRow, Series, StripRow, series_class
 from .views.heatmap import HeatmapView
 from .views.instance import DeviceSeries, DeviceStrip
@@ -39,18 +40,19 @@ def heat_rows(view: HeatmapView) -> list[HeatRow]:
             if c.state is None:
                 cells.append(None)
                 continue
+            # Every state with a tenth of a GPU-hour or more, and the cell's own state however small.
             parts = [
                 f"{name} {hours:.1f}"
-                for name, hours in (
-                    ("active", c.active_h),
-                    ("held", c.idle_held_h),
-                    ("idle", c.idle_h),
-                    ("unknown", c.unknown_h),
-                    ("offline", c.offline_h),
+                for name, key, hours in (
+                    ("active", ACTIVE, c.active_h),
+                    ("held", IDLE_HELD, c.idle_held_h),
+                    ("idle", IDLE, c.idle_h),
+                    ("unknown", UNKNOWN, c.unknown_h),
+                    ("offline", OFFLINE, c.offline_h),
                 )
-                if hours >= 0.05
+                if hours >= 0.05 or key == c.state or (key == IDLE and c.state == UNPARTITIONED)
             ]
-            text = f"{_when(start, view.step_s)} UTC: {', '.join(parts) or '0'} GPU-h"
+            text = f"{_when(start, view.step_s)} UTC: {', '.join(parts)} GPU-h"
             if c.waste_usd >= 0.005:
                 text += f", ${c.waste_usd:,.2f} wasted"
             cells.append(HeatCell(c.state, text))

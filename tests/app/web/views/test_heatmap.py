@@ -3,6 +3,8 @@ same figures as JSON."""
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -13,7 +15,7 @@ from tests.feeding import Feeder, busy, idle
 
 
 @pytest.fixture
-def fleet(feeder: Feeder) -> None:
+def fleet(feeder: Feeder) -> datetime:
     """Three instances for 4 hours: an idle g5 (team vision), a busy p4d GPU and an idle one (team nlp), a busy g5
     of another team."""
     start = recent_start(4)
@@ -31,9 +33,10 @@ def fleet(feeder: Feeder) -> None:
         [gpu(0, uid="GPU-u", name="NVIDIA A10G")],
         start=start, hours=4, step_s=300, fn=busy(50), instance_id="i-other", instance_type="g5.xlarge",
     )  # fmt: skip
+    return start
 
 
-def test_rows_per_instance_hour_by_hour(client: TestClient, fleet: None) -> None:
+def test_rows_per_instance_hour_by_hour(client: TestClient, fleet: datetime) -> None:
     view = get_json(client, "/heatmap?window=24h")
     assert view["step_s"] == 3600 and len(view["starts"]) == 24 and view["rows_by"] == "instance"
     keys = [r["key"] for r in view["rows"]]
@@ -41,9 +44,12 @@ def test_rows_per_instance_hour_by_hour(client: TestClient, fleet: None) -> None
     rows = {r["key"]: r for r in view["rows"]}
     # Before the data began a row has no state; the full hours since hold the instance's state.
     assert rows["i-vision"]["cells"][0]["state"] is None
-    assert [c["state"] for c in rows["i-vision"]["cells"][-4:-1]] == ["idle"] * 3
-    assert [c["state"] for c in rows["i-other"]["cells"][-4:-1]] == ["active"] * 3
-    hour = rows["i-nlp"]["cells"][-2]
+    # The three hours wholly inside the data, wherever the clock's hour falls.
+    first = [datetime.fromisoformat(t) for t in view["starts"]].index(fleet.replace(minute=0) + timedelta(hours=1))
+    full = slice(first, first + 3)
+    assert [c["state"] for c in rows["i-vision"]["cells"][full]] == ["idle"] * 3
+    assert [c["state"] for c in rows["i-other"]["cells"][full]] == ["active"] * 3
+    hour = rows["i-nlp"]["cells"][first]
     assert hour["active_h"] == pytest.approx(1.0) and hour["idle_h"] == pytest.approx(1.0)
     # The cells add up to the row's figures over the window.
     total = sum(c["waste_usd"] for c in rows["i-vision"]["cells"])
@@ -57,7 +63,7 @@ def test_rows_per_instance_hour_by_hour(client: TestClient, fleet: None) -> None
         assert svg.select('a[href="/instances/i-vision"]')
 
 
-def test_rows_per_gpu_and_per_tag_value(client: TestClient, fleet: None) -> None:
+def test_rows_per_gpu_and_per_tag_value(client: TestClient, fleet: datetime) -> None:
     gpus = get_json(client, "/heatmap?rows=gpu&window=24h")
     assert len(gpus["rows"]) == 4
     assert gpus["rows"][0]["href"].startswith("/instances/")
@@ -79,7 +85,7 @@ def test_rows_per_gpu_and_per_tag_value(client: TestClient, fleet: None) -> None
 
 
 def test_long_windows_go_by_day_and_rows_come_a_page_at_a_time(
-    client: TestClient, fleet: None, monkeypatch: pytest.MonkeyPatch
+    client: TestClient, fleet: datetime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     week = get_json(client, "/heatmap?window=30d")
     assert week["step_s"] == 86400 and len(week["starts"]) == 30
@@ -92,6 +98,6 @@ def test_long_windows_go_by_day_and_rows_come_a_page_at_a_time(
     assert doc.select_one("nav.pager a[rel=next]") is not None
 
 
-def test_bad_rows(client: TestClient, fleet: None) -> None:
+def test_bad_rows(client: TestClient, fleet: datetime) -> None:
     assert get_json(client, "/heatmap?rows=rack", status=400)["detail"][0]["field"] == "rows"
     assert "rows" in get_html(client, "/heatmap?rows=rack", status=400).get_text()
