@@ -102,19 +102,21 @@ def weighed_exprs(*, secs: str, known: str, lt: str, free: str) -> dict[str, str
 
 
 def _upsert(table: Table, time_column: str, bucket: str, mem_held_mib: int) -> str:
-    """Fold a batch's new pieces (`ingest_piece`, app/store/samples.py) into one per-instance rollup table."""
-    free = f"coalesce(p.procs, 0) = 0 AND coalesce(p.mem_used_mib, 0) < {int(mem_held_mib)}"
-    exprs = weighed_exprs(
-        secs="p.new_s",
-        known="CASE WHEN p.util IS NOT NULL THEN p.new_s ELSE 0 END",
-        lt="CASE WHEN p.util < {b} THEN p.new_s ELSE 0 END",
-        free="CASE WHEN p.util < {b} AND " + free + " THEN p.new_s ELSE 0 END",
-    )
+    """Fold a batch's new pieces (`ingest_piece`, app/store/samples.py) into one per-instance rollup table. The
+    pieces are summed per device and hour first, so each device's weight is looked up once per hour, not once
+    per piece."""
+    free = f"coalesce(procs, 0) = 0 AND coalesce(mem_used_mib, 0) < {int(mem_held_mib)}"
+    per_hour = ["sum(new_s) AS secs", "coalesce(sum(new_s) FILTER (WHERE util IS NOT NULL), 0) AS known"]
+    for b in UTIL_BOUNDS:
+        per_hour.append(f"coalesce(sum(new_s) FILTER (WHERE util < {b}), 0) AS lt{b}")
+        per_hour.append(f"coalesce(sum(new_s) FILTER (WHERE util < {b} AND {free}), 0) AS free{b}")
+    exprs = weighed_exprs(secs="p.secs", known="p.known", lt="p.lt{b}", free="p.free{b}")
     sums = ", ".join(f"coalesce({exprs[n]}, 0)" for n in WEIGHED)
     updates = ", ".join(f"{n} = {table.name}.{n} + excluded.{n}" for n in WEIGHED)
     return (
         f"INSERT INTO {table.name} ({time_column}, instance_pk, {', '.join(WEIGHED)}) "
-        f"SELECT {bucket}, r.instance_pk, {sums} FROM ingest_piece p "
+        f"SELECT {bucket}, r.instance_pk, {sums} "
+        f"FROM (SELECT device_id, hour, {', '.join(per_hour)} FROM ingest_piece GROUP BY 1, 2) p "
         f"JOIN ({DEVICE_WEIGHTS_SQL}) r ON r.device_id = p.device_id GROUP BY 1, 2 "
         f"ON CONFLICT ({time_column}, instance_pk) DO UPDATE SET {updates}"
     )
