@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import make_url
+import orjson
+from psycopg.types.json import set_json_loads
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import Dialect, make_url
+from sqlalchemy.engine.interfaces import Compiled
 from sqlalchemy.orm import Session, sessionmaker
 
 TRANSIENT_PREFIX = "gpufleet_"
@@ -38,6 +42,8 @@ def make_engine(url: str, *, pool_size: int = 10, pool_timeout_s: float = 30.0) 
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # jsonb (tags, agent errors) is parsed on every page view for every instance: orjson does it 5x faster.
+        set_json_loads(orjson.loads, dbapi_conn)
         # Every session speaks UTC, so date_trunc and ::date agree with the partition bounds.
         with dbapi_conn.cursor() as cur:
             cur.execute("SET TIME ZONE 'UTC'")
@@ -73,3 +79,24 @@ def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+@lru_cache(maxsize=256)
+def _compiled(sql: str, dialect: Dialect) -> Compiled:
+    return text(sql).compile(dialect=dialect)
+
+
+def fetch_binary(session: Session, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    """All rows of `sql` (a text query with :name parameters) read in PostgreSQL's binary format, on the session's
+    connection and transaction.
+
+    Numbers and timestamps then cross without being printed and parsed as text, which takes about half the client
+    time off a query that returns thousands of rows (a heatmap page's cells). Values come as the text format
+    gives them (float, int, datetime in UTC)."""
+    compiled = _compiled(sql, session.get_bind().dialect)
+    driver = session.connection().connection.driver_connection
+    assert driver is not None
+    with driver.cursor(binary=True) as cursor:
+        cursor.execute(str(compiled), compiled.construct_params(dict(params)))
+        rows: list[tuple[Any, ...]] = cursor.fetchall()
+    return rows

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends
-from sqlalchemy.orm import Session
+from sqlalchemy import Connection, event
+from sqlalchemy.orm import Session, SessionTransaction
 from starlette.requests import Request
 
 from .db import session_scope
@@ -18,8 +19,18 @@ from .settings import Settings
 from .state import app_state
 
 
+# The pages' and the report's queries read time ranges from an hour to months. psycopg prepares a statement on
+# its fifth use, and a few uses later PostgreSQL may settle on one generic plan for every range: it guesses the
+# range's size and can pick a plan three times slower (a month read through an index instead of in parallel).
+# Planning each query afresh costs well under a millisecond. Set when the transaction begins, not before: a
+# request that never reaches the database (a scrape of /metrics while it is down) must not fail on it.
+def _custom_plans(_session: Session, _transaction: SessionTransaction, connection: Connection) -> None:
+    connection.exec_driver_sql("SET LOCAL plan_cache_mode = force_custom_plan")
+
+
 def db_session(request: Request) -> Iterator[Session]:
     with session_scope(app_state(request).sessions) as session:
+        event.listen(session, "after_begin", _custom_plans)
         yield session
 
 

@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from ..db import fetch_binary
 from ..models import UTIL_BOUNDS
 from .states import ACTIVE, IDLE, IDLE_HELD, OFFLINE, UNKNOWN
 from .window import HOUR, floor_hour
@@ -35,15 +35,13 @@ def _sql(bound: int) -> str:
     )
 
 
+_ORDER = (ACTIVE, IDLE_HELD, IDLE, UNKNOWN, OFFLINE)
+
+
 def _dominant(secs: float, known: float, below: float, free: float, length: float) -> str:
-    shares = {
-        ACTIVE: known - below,
-        IDLE_HELD: below - free,
-        IDLE: free,
-        UNKNOWN: secs - known,
-        OFFLINE: length - secs,
-    }
-    return max(shares, key=lambda s: shares[s])
+    """The state with the most seconds; ties go to the first of _ORDER."""
+    shares = (known - below, below - free, free, secs - known, length - secs)
+    return _ORDER[shares.index(max(shares))]
 
 
 def hourly_states(
@@ -59,7 +57,7 @@ def hourly_states(
     ids: Sequence[int] = list(first_seen)
     if not ids or end <= start:
         return {}
-    rows = session.execute(text(_sql(idle_util_pct)), {"ids": list(ids), "a": start, "b": end}).all()
+    rows = fetch_binary(session, _sql(idle_util_pct), {"ids": list(ids), "a": start, "b": end})
     hours: dict[tuple[int, datetime], tuple[float, float, float, float]] = {
         (d, h): (float(s), float(k), float(b), float(f)) for d, h, s, k, b, f in rows
     }

@@ -63,8 +63,9 @@ def is_group_name(name: str) -> bool:
     return name in GROUPS or (name.startswith("tag:") and len(name) > 4)
 
 
-def _instance_level(name: str) -> InstanceKey | None:
-    """The instance key of a grouping by something of the instance; None for a unit-level one."""
+def instance_key(name: str) -> InstanceKey | None:
+    """The (key, label) of an instance in a grouping by something of the instance; None for a unit-level one.
+    KeyError for an unknown name."""
     if name.startswith("tag:") and len(name) > 4:
         return _tag_key(name[4:])
     if name in UNIT_GROUPS:
@@ -75,7 +76,7 @@ def _instance_level(name: str) -> InstanceKey | None:
 def _unit_level(name: str) -> UnitKey:
     if name in UNIT_GROUPS:
         return UNIT_GROUPS[name]
-    key = _instance_level(name)
+    key = instance_key(name)
     assert key is not None
     return lambda u: key(u.instance)
 
@@ -101,7 +102,7 @@ def group_rows(by_instance: dict[int, GroupRow], units: Sequence[Unit], names: S
     """Rows per combination of the named groupings (keys and labels joined by " / "), largest waste
     first. Groupings by something of the instance add up per-instance figures; the others go unit by
     unit. KeyError for an unknown name."""
-    instance_keys = [_instance_level(n) for n in names]
+    instance_keys = [instance_key(n) for n in names]
     rows: dict[str, GroupRow] = {}
 
     def row_for(parts: list[tuple[str, str]]) -> GroupRow:

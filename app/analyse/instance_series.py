@@ -22,8 +22,8 @@ _SOURCES = {
     "daily": ("instance_rollups_daily", "day", "day"),
     "partial": ("instance_rollups_hourly", "hour", "date_trunc('day', hour, 'UTC')"),
 }
-# Plain sums per (row, bucket), in the order `bucket_fields` takes them: the floors at 0 come after summing, which is
-# three times cheaper than flooring every rollup row and differs only where the data contradicts itself.
+# Plain sums per (row, bucket): the floors at 0 come after summing, which is three times cheaper than flooring
+# every rollup row and differs only where the data contradicts itself.
 _SUMS = (
     "u.secs_w",
     "u.known_w",
@@ -39,39 +39,27 @@ _SUMS = (
     "u.sliced_w * i.rate",
     "(u.secs_w + u.cap_s - u.sliced_w) * i.np",
 )
+# BucketFigures' fields, in order, from the sums above (s0 .. s12): seconds and USD x 3600 become hours and USD;
+# offline starts as minus the GPUs' own covered hours (the expected hours are added in Python).
+_FREE_USD = "greatest(s10 - s11, 0)"
+_FIELDS = (
+    "greatest(s1 - s2, 0)",
+    "greatest(s2 - s3, 0)",
+    "greatest(s3, 0)",
+    "greatest(s4 - s5, 0)",
+    "greatest(s0 - s1, 0)",
+    "-s6",
+    f"s7 + {_FREE_USD}",
+    f"s8 + {_FREE_USD}",
+    "greatest(s9 - s8, 0)",
+    "greatest(s12, 0)",
+)
 
 
-def bucket_fields(
-    secs: float,
-    known: float,
-    lt: float,
-    fr: float,
-    cap: float,
-    sliced: float,
-    own: float,
-    secs_usd: float,
-    fr_usd: float,
-    lt_usd: float,
-    cap_usd: float,
-    sliced_usd: float,
-    unpriced: float,
-) -> tuple[float, ...]:
-    """BucketFigures' fields from one row of `timeline_sql`: seconds and USD x 3600 become hours and USD;
-    offline starts as minus the GPUs' own covered hours."""
-    h = 1 / 3600
-    free_usd = max(0.0, cap_usd - sliced_usd)
-    return (
-        max(0.0, known - lt) * h,
-        max(0.0, lt - fr) * h,
-        max(0.0, fr) * h,
-        max(0.0, cap - sliced) * h,
-        max(0.0, secs - known) * h,
-        -own * h,
-        (secs_usd + free_usd) * h,
-        (fr_usd + free_usd) * h,
-        max(0.0, lt_usd - fr_usd) * h,
-        max(0.0, unpriced) * h,
-    )
+def _figures(keys: str, inner: str) -> str:
+    """SELECT `keys`, then BucketFigures' fields, over `inner` (which names the sums s0 .. s12)."""
+    fields = ", ".join(f"CAST(({e}) / 3600.0 AS float8)" for e in _FIELDS)
+    return f"SELECT {keys}{fields} FROM ({inner}) x"
 
 
 def instance_rows(fleet: Fleet, row_of: Mapping[int, int] | None) -> dict[int, int] | None:
@@ -133,13 +121,15 @@ _INSTANCES = (
 
 @lru_cache(maxsize=64)
 def timeline_sql(bound: int, kinds: tuple[str, ...], filtered: bool) -> str:
-    """Per (row, bucket): the sums `bucket_fields` takes. `filtered`: read only the instances asked for, through the
-    index on (instance_pk, hour): worth it when they are few (a page of heatmap rows)."""
-    sums = ", ".join(f"CAST(sum({e}) AS float8)" for e in _SUMS)
-    return (
+    """Per (row, bucket): the row index, the bucket start and BucketFigures' fields. `filtered`: read only the
+    instances asked for, through the index on (instance_pk, hour): worth it when they are few (a page of
+    heatmap rows)."""
+    sums = ", ".join(f"sum({e}) AS s{n}" for n, e in enumerate(_SUMS))
+    inner = (
         f"SELECT i.r, u.b, {sums} FROM ({_union(bound, kinds, filtered)}) u "
         f"JOIN ({_INSTANCES}) i ON i.pk = u.instance_pk GROUP BY 1, 2"
     )
+    return _figures("r, b, ", inner)
 
 
 @lru_cache(maxsize=8)
@@ -156,8 +146,9 @@ def hour_of_week_sql(bound: int) -> str:
 
 @lru_cache(maxsize=64)
 def totals_sql(bound: int, shape: tuple[tuple[str, int], ...]) -> str:
-    """The sums `bucket_fields` takes over a whole window, from the rollup reads of `Window.rollup_reads`
-    (table, sign): whole days from the daily rows, the hours around them added or taken away."""
+    """Per row: the row index and BucketFigures' fields over a whole window, from the rollup reads of
+    `Window.rollup_reads` (table, sign): whole days from the daily rows, the hours around them added or taken
+    away."""
     parts = []
     for n, (table, sign) in enumerate(shape):
         name, time_col = ("instance_rollups_daily", "day") if table == "daily" else ("instance_rollups_hourly", "hour")
@@ -167,5 +158,6 @@ def totals_sql(bound: int, shape: tuple[tuple[str, int], ...]) -> str:
             f"{minus}free{bound}_w AS fr, {minus}cap_s AS cap_s, {minus}sliced_w AS sliced_w, {minus}gpu_s AS gpu_s "
             f"FROM {name} WHERE {time_col} >= :t{n}a AND {time_col} < :t{n}b"
         )
-    sums = ", ".join(f"CAST(coalesce(sum({e}), 0) AS float8)" for e in _SUMS)
-    return f"SELECT {sums} FROM ({' UNION ALL '.join(parts)}) u JOIN ({_INSTANCES}) i ON i.pk = u.instance_pk"
+    sums = ", ".join(f"sum({e}) AS s{n}" for n, e in enumerate(_SUMS))
+    inner = f"SELECT i.r, {sums} FROM ({' UNION ALL '.join(parts)}) u JOIN ({_INSTANCES}) i ON i.pk = u.instance_pk"
+    return _figures("r, ", f"{inner} GROUP BY 1")

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from ..db import fetch_binary
 from .device_series import (
     SUMS,
     TIMELINE_SQL,
@@ -37,7 +37,7 @@ from .device_series import (
     reads,
 )
 from .fleet import Fleet
-from .instance_series import bucket_fields, instance_params, instance_rows, timeline_sql, totals_sql
+from .instance_series import instance_params, instance_rows, timeline_sql, totals_sql
 from .states import ACTIVE, IDLE, IDLE_HELD, OFFLINE, UNKNOWN, UNPARTITIONED, Thresholds
 from .window import DAY, HOUR, Window, floor_day, floor_hour
 
@@ -195,36 +195,50 @@ def timeline(
         params, spans = instance_params(fleet, whole, start=start, end=end, now=now)
         if params["pk"] and starts:
             sql = timeline_sql(bound, kinds, len(params["pk"]) <= FILTER_INSTANCES_UP_TO)
-            for r, b, *sums in session.execute(text(sql), params | read_params(rs)).all():
-                found[r][at[b]] = BucketFigures(*bucket_fields(*sums))
+            for r, b, *values in fetch_binary(session, sql, params | read_params(rs)):
+                found[r][at[b]] = BucketFigures(*values)
     else:
         params, spans = device_arrays(fleet, start=start, end=end, now=now, row_of=row_index)
         if params["ids"] and starts:
             sql = grouped_sql(bound, kinds, tuple(SUMS), TIMELINE_SQL)
-            for r, b, *values in session.execute(text(sql), params | read_params(rs)).all():
+            for r, b, *values in fetch_binary(session, sql, params | read_params(rs)):
                 found[r][at[b]] = BucketFigures(*values)
     rows = _with_offline(found, spans, starts[0] if starts else start, step)
     return Timeline(starts=starts, step=step, rows=dict(zip(keys, rows, strict=True)), start=start, end=end)
 
 
 def window_totals(session: Session, fleet: Fleet, window: Window, *, thresholds: Thresholds) -> BucketFigures:
-    """The timeline's figures of the whole fleet summed over `window`, read as the window analysis reads it (whole
-    days from the daily per-instance rollups, the hours around them added or taken away): a few rows per
-    instance, for comparing with a previous window."""
+    """The timeline's figures of the whole fleet summed over `window`, for comparing with a previous window."""
+    return row_totals(session, fleet, window, thresholds=thresholds, rows={pk: 0 for pk in fleet.instances}).get(
+        0, BucketFigures()
+    )
+
+
+def row_totals(
+    session: Session, fleet: Fleet, window: Window, *, thresholds: Thresholds, rows: Mapping[int, int]
+) -> dict[int, BucketFigures]:
+    """The timeline's figures summed over `window` per row of whole instances (`rows`: instance pk -> row index),
+    read as the window analysis reads it: whole days from the daily per-instance rollups, the hours around them
+    added or taken away, a few rows per instance. Rows whose instances have no GPU in the window are absent.
+    ValueError for an idle threshold with no rollup bound."""
     bound = check_bound(thresholds)
-    every = {pk: 0 for pk in fleet.instances}
-    params, spans = instance_params(fleet, every, start=window.start, end=window.end, now=window.now)
+    params, spans = instance_params(fleet, rows, start=window.start, end=window.end, now=window.now)
+    expected_s: dict[int, float] = {}
+    for r, lo, hi in spans:
+        expected_s[r] = expected_s.get(r, 0.0) + (hi - lo).total_seconds()
     window_reads = window.rollup_reads()
-    if not params["pk"] or not window_reads:
-        return BucketFigures()
-    binds: dict[str, Any] = dict(params)
-    for n, r in enumerate(window_reads):
-        binds[f"t{n}a"], binds[f"t{n}b"] = r.start, r.end
-    sql = totals_sql(bound, tuple((r.table, r.sign) for r in window_reads))
-    row = session.execute(text(sql), binds).one()
-    out = BucketFigures(*bucket_fields(*row))
-    expected_s = sum((hi - lo).total_seconds() for _r, lo, hi in spans)
-    out.offline_h = max(0.0, out.offline_h + expected_s / 3600)
+    found: dict[int, BucketFigures] = {}
+    if params["pk"] and window_reads:
+        binds: dict[str, Any] = dict(params)
+        for n, read in enumerate(window_reads):
+            binds[f"t{n}a"], binds[f"t{n}b"] = read.start, read.end
+        sql = totals_sql(bound, tuple((read.table, read.sign) for read in window_reads))
+        found = {r: BucketFigures(*values) for r, *values in fetch_binary(session, sql, binds)}
+    out = {}
+    for r, seconds in expected_s.items():
+        figures = found.get(r) or BucketFigures()
+        figures.offline_h = max(0.0, figures.offline_h + seconds / 3600)
+        out[r] = figures
     return out
 
 

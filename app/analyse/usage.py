@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from ..db import fetch_binary
 from ..models import UTIL_BOUNDS
 from .window import DAILY, RollupRead, Window
 
@@ -84,7 +85,7 @@ def usage_of_reads(
     sql = _usage_sql(idle_util_pct, shape, device_ids is not None)
     out: dict[int, DeviceUsage] = {}
     make = DeviceUsage._make
-    for row in session.execute(text(sql), params).all():
+    for row in fetch_binary(session, sql, params):
         out[row[0]] = make(row)
     return out
 

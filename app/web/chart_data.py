@@ -4,11 +4,11 @@ figures and its HTML draws them. Tooltips are worded here."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from ..analyse.states import ACTIVE, IDLE, IDLE_HELD, OFFLINE, UNKNOWN, UNPARTITIONED
 from .charts import HeatCell, HeatRow, Series, StripRow, series_class
-from .views.heatmap import HeatmapView
+from .views.heatmap import HeatmapView, HeatSpan
 from .views.instance import DeviceSeries, DeviceStrip
 
 METRIC_UNITS = {"util": "%", "mem_used_mib": "MiB", "power_w": "W"}
@@ -18,7 +18,8 @@ def metric_lines(series: Sequence[DeviceSeries], metric: str) -> list[Series]:
     """One line per device for `metric` (util, mem_used_mib or power_w); slices have no power line."""
     devices = [s for s in series if metric != "power_w" or s.is_gpu]
     return [
-        Series(s.label, [(p.ts, getattr(p, metric)) for p in s.points], series_class(i)) for i, s in enumerate(devices)
+        Series(s.label, list(zip(s.points.ts, getattr(s.points, metric), strict=True)), series_class(i))
+        for i, s in enumerate(devices)
     ]
 
 
@@ -27,34 +28,48 @@ def strip_rows(strips: Sequence[DeviceStrip]) -> list[StripRow]:
 
 
 def _when(start: datetime, step_s: int) -> str:
-    # Short: a heatmap page has thousands of cells and the tooltips are most of its bytes.
+    # Short: a heatmap page has hundreds of spans and the tooltips are most of its bytes.
     return f"{start:%a %d %b}" if step_s >= 86400 else f"{start:%a %d %b %H:%M}"
 
 
+def _span_text(view: HeatmapView, span: HeatSpan) -> str:
+    """When (the span's bucket, or its first and last), the GPU-hours of each state present, the waste."""
+    step_s = view.step_s
+    first = view.starts[span.first]
+    if span.count == 1:
+        when = f"{_when(first, step_s)} UTC"
+    elif step_s >= 86400:
+        last = view.starts[span.first + span.count - 1]
+        when = f"{_when(first, step_s)} to {_when(last, step_s)} UTC ({span.count} days)"
+    else:
+        end = first + timedelta(seconds=span.count * step_s)
+        until = f"-{end:%H:%M}" if end.date() == first.date() else f" to {_when(end, step_s)}"
+        when = f"{_when(first, step_s)}{until} UTC ({span.count * step_s // 3600} h)"
+    # Every state with a tenth of a GPU-hour or more, and the span's own state however small.
+    parts = [
+        f"{name} {hours:.1f}"
+        for name, key, hours in (
+            ("active", ACTIVE, span.active_h),
+            ("held", IDLE_HELD, span.idle_held_h),
+            ("idle", IDLE, span.idle_h),
+            ("unknown", UNKNOWN, span.unknown_h),
+            ("offline", OFFLINE, span.offline_h),
+        )
+        if hours >= 0.05 or key == span.state or (key == IDLE and span.state == UNPARTITIONED)
+    ]
+    text = f"{when}: {', '.join(parts)} GPU-h"
+    if span.waste_usd >= 0.005:
+        text += f", ${span.waste_usd:,.2f} wasted"
+    return text
+
+
 def heat_rows(view: HeatmapView) -> list[HeatRow]:
-    """The heatmap's rows with a tooltip per cell: time, state, the GPU-hours of each state present, waste."""
+    """The heatmap's rows, bucket by bucket, each span's buckets sharing one cell and its tooltip (the chart draws
+    them as one)."""
     rows = []
     for row in view.rows:
-        cells: list[HeatCell | None] = []
-        for start, c in zip(view.starts, row.cells, strict=True):
-            if c.state is None:
-                cells.append(None)
-                continue
-            # Every state with a tenth of a GPU-hour or more, and the cell's own state however small.
-            parts = [
-                f"{name} {hours:.1f}"
-                for name, key, hours in (
-                    ("active", ACTIVE, c.active_h),
-                    ("held", IDLE_HELD, c.idle_held_h),
-                    ("idle", IDLE, c.idle_h),
-                    ("unknown", UNKNOWN, c.unknown_h),
-                    ("offline", OFFLINE, c.offline_h),
-                )
-                if hours >= 0.05 or key == c.state or (key == IDLE and c.state == UNPARTITIONED)
-            ]
-            text = f"{_when(start, view.step_s)} UTC: {', '.join(parts)} GPU-h"
-            if c.waste_usd >= 0.005:
-                text += f", ${c.waste_usd:,.2f} wasted"
-            cells.append(HeatCell(c.state, text))
+        cells: list[HeatCell | None] = [None] * len(view.starts)
+        for span in row.spans:
+            cells[span.first : span.first + span.count] = [HeatCell(span.state, _span_text(view, span))] * span.count
         rows.append(HeatRow(row.label, row.href, cells))
     return rows

@@ -4,6 +4,7 @@ column per time step listing all their values (`device_lines_svg`)."""
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -25,7 +26,7 @@ from .svg import (
 )
 
 _DASH = "\u2013"
-_MIN_COLUMN = 4.0
+_MIN_COLUMN = 8.0
 """Narrowest hover column of `device_lines_svg`, units."""
 SERIES_COLOURS = 8
 """Colours `series-1` .. `series-8` in static/app.css; `series_class` dashes the lines after them."""
@@ -98,24 +99,18 @@ def device_lines_svg(
     Over the lines lies one invisible full-height column per time step whose `<title>` gives the step's time
     and every device's value there ("GPU 3: 42.0 %", `unit` after the number; a dash for none), so hovering
     anywhere shows them all. A device's value at a step is its point nearest to it, within half a step;
-    steps where no device has one get no column. Where steps are narrower than 4 units, a column covers
+    steps where no device has one get no column. Where steps are narrower than 8 units, a column covers
     several and shows the values at its middle. Give each series a class from `series_class` so 8 colours
     stretch to 24 lines.
     """
-    out, plot = _draw(series, start, end, step_s, y_label, y_max, width, height, title)
+    # Each point's time in epoch seconds once, for its line and for the hover columns.
+    times = [_epochs(s.points) for s in series]
+    out, plot = _draw(series, start, end, step_s, y_label, y_max, width, height, title, times)
     x_scale = plot.plot_w / (plot.t1 - plot.t0)
     # Columns at least _MIN_COLUMN wide: a day at 30 s would otherwise repeat every device's name 2880 times.
     every = step_s * max(1, math.ceil(_MIN_COLUMN / (step_s * x_scale)))
     steps = int((plot.t1 - plot.t0) // every) + 1
-    nearest: list[dict[int, tuple[float, float]]] = [{} for _ in series]
-    for found, s in zip(nearest, series, strict=True):
-        for when, value in s.points:
-            if value is None or not math.isfinite(value):
-                continue
-            offset = (epoch(when) - plot.t0) / every
-            k = round(offset)
-            if 0 <= k < steps and abs(offset - k) < found.get(k, (1.0, 0.0))[0]:
-                found[k] = (abs(offset - k), value)
+    nearest = [_nearest(s.points, at, plot.t0, every, steps) for s, at in zip(series, times, strict=True)]
     suffix = f" {unit}" if unit else ""
     half = every * x_scale / 2
     right = plot.left + plot.plot_w
@@ -129,7 +124,7 @@ def device_lines_svg(
         x0, x1 = max(plot.left, x - half), min(right, x + half)
         lines = [bucket_label(datetime.fromtimestamp(t, UTC), every)]
         for s, found in zip(series, nearest, strict=True):
-            v = found[k][1] if k in found else None
+            v = found.get(k)
             lines.append(f"{s.name}: {_DASH if v is None else f'{v:.1f}{suffix}'}")
         out.append(
             f'<rect x="{fmt(x0)}" y="{fmt(plot.top)}" width="{fmt(x1 - x0)}" height="{fmt(plot.plot_h)}">'
@@ -149,8 +144,10 @@ def _draw(
     width: int,
     height: int,
     title: str,
+    times: Sequence[Sequence[float]] | None = None,
 ) -> tuple[list[str], _Plot]:
-    """Everything of a line chart but the closing tag, and where its plot lies."""
+    """Everything of a line chart but the closing tag, and where its plot lies. `times`: each series' point times
+    in epoch seconds, when the caller has them already."""
     t0, t1 = epoch(start), epoch(end)
     if t1 <= t0:
         raise ValueError("end must be after start")
@@ -199,9 +196,10 @@ def _draw(
     out.append("</g>")
 
     drawn = False
-    for s in series:
+    for n, s in enumerate(series):
         cls, name = escape(s.css_class), escape(s.name)
-        paths, dots = _polylines(s.points, t0, t1, 1.5 * step_s, left, x_scale, bottom_y, y_top, y_scale)
+        at = times[n] if times is not None else _epochs(s.points)
+        paths, dots = _polylines(s.points, at, t0, t1, 1.5 * step_s, left, x_scale, bottom_y, y_top, y_scale)
         if paths:
             out.append(f'<path class="line series {cls}" d="{paths}"><title>{name}</title></path>')
         for cx, cy in dots:
@@ -224,8 +222,44 @@ def _draw(
     return out, _Plot(left, top, plot_w, plot_h, t0, t1)
 
 
+def _epochs(points: Sequence[tuple[datetime, float | None]]) -> list[float]:
+    """The points' times, epoch s. A series' times are all aware (from the database) or all naive (UTC)."""
+    if points and points[0][0].tzinfo is not None:
+        return [when.timestamp() for when, _v in points]
+    return [epoch(when) for when, _v in points]
+
+
+def _nearest(
+    points: Sequence[tuple[datetime, float | None]], times: Sequence[float], t0: float, every: float, steps: int
+) -> dict[int, float]:
+    """Hover column k (at t0 + k x every, k < steps) -> the value of the series' point nearest to it, of those
+    with a value and within half a column; on a tie, the earlier point. Columns are found by bisection over the
+    points' times (in order), not point by point: a day at 5 minutes is 288 points per device, 24 devices."""
+    at = [t for t, (_w, v) in zip(times, points, strict=True) if v is not None and math.isfinite(v)]
+    values = [v for _w, v in points if v is not None and math.isfinite(v)]
+    out: dict[int, float] = {}
+    if not at:
+        return out
+    half = every / 2
+    first = max(0, math.ceil((at[0] - t0 - half) / every))
+    last = min(steps - 1, math.floor((at[-1] - t0 + half) / every))
+    n = len(at)
+    for k in range(first, last + 1):
+        tk = t0 + k * every
+        i = bisect_left(at, tk)
+        left = tk - at[i - 1] if i > 0 else math.inf
+        right = at[i] - tk if i < n else math.inf
+        if left <= right:
+            if left <= half:
+                out[k] = values[i - 1]
+        elif right <= half:
+            out[k] = values[i]
+    return out
+
+
 def _polylines(
     points: Sequence[tuple[datetime, float | None]],
+    times: Sequence[float],
     t0: float,
     t1: float,
     max_gap: float,
@@ -235,7 +269,8 @@ def _polylines(
     y_top: float,
     y_scale: float,
 ) -> tuple[str, list[tuple[str, str]]]:
-    """Path data with one `M` segment per unbroken run of points, and the lone points of one-point runs."""
+    """Path data with one `M` segment per unbroken run of points (`times`: theirs, epoch s), and the lone points
+    of one-point runs."""
     paths: list[str] = []
     dots: list[tuple[str, str]] = []
     # Coordinates in integer tenths of a pixel: cheap to compare and to print with one decimal.
@@ -254,14 +289,17 @@ def _polylines(
         ys.clear()
 
     prev: float | None = None
-    for when, value in points:
-        if value is None or not math.isfinite(value):
-            end_run()
+    isfinite = math.isfinite
+    for t, (_when, value) in zip(times, points, strict=True):
+        if value is None or not isfinite(value):
+            # Slices have no power and NVML measures no utilization on some: runs of None are common.
+            if xs:
+                end_run()
             prev = None
             continue
-        t = when.timestamp() if when.tzinfo is not None else epoch(when)
         if not t0 <= t <= t1:
-            end_run()
+            if xs:
+                end_run()
             prev = None
             continue
         if prev is not None and (t - prev > max_gap or t < prev):

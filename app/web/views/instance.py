@@ -10,7 +10,7 @@ from ...analyse.device_states import hourly_states
 from ...analyse.figures import GPU, SLICE, Unit
 from ...analyse.fleet import GpuInfo, SliceInfo, free_slices
 from ...analyse.now import Latest, current_state, latest_samples
-from ...analyse.series import device_series, series_step
+from ...analyse.series import DevicePoints, device_series, series_step
 from ...analyse.waste import analyse_waste
 from ...sources import SOURCE_NAMES
 from ..delivery import Delivery, delivery
@@ -76,21 +76,13 @@ class GpuView:
 
 
 @dataclass(frozen=True)
-class SeriesPoint:
-    ts: datetime
-    util: float | None
-    """%"""
-    mem_used_mib: float | None
-    power_w: float | None
-
-
-@dataclass(frozen=True)
 class DeviceSeries:
     key: str
     label: str
     is_gpu: bool
     """Power is a GPU's only: slices have no power line."""
-    points: list[SeriesPoint]
+    points: DevicePoints
+    """Power is None throughout for a slice."""
 
 
 @dataclass(frozen=True)
@@ -205,8 +197,7 @@ def build_instance(p: PageInputs, instance_id: str) -> InstanceView:
             )
         )
     for pk, (key, label) in devices.items():
-        points = [SeriesPoint(pt.ts, pt.util, pt.mem_used_mib, pt.power_w) for pt in raw.get(pk, [])]
-        series.append(DeviceSeries(key, label, pk in fleet.gpus, points))
+        series.append(DeviceSeries(key, label, pk in fleet.gpus, raw.get(pk) or DevicePoints([], [], [], [])))
     spans = hourly_states(
         session, first_seen, start=window.start, end=min(window.end, p.now), idle_util_pct=t.idle_util_pct
     )

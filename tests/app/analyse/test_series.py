@@ -44,12 +44,12 @@ def test_points_and_gaps_from_each_source(feeder: Feeder, sessions: sessionmaker
     with sessions() as s:
         gpu_id = s.execute(select(Gpu.id)).scalar_one()
         raw = device_series(s, [gpu_id], window(t0, 1), step_s=60)[gpu_id]
-        assert len(raw) == 60 and {p.util for p in raw} == {40.0}
+        assert len(raw) == 60 and set(raw.util) == {40.0}
         five = device_series(s, [gpu_id], window(t0, 2), step_s=300)[gpu_id]
         # 12 buckets in the first hour, none in the gap, 6 after it.
         assert len(five) == 18
-        assert all(p.util == pytest.approx(40.0) for p in five[:12])
-        assert five[12].ts == t0 + 1.5 * H and five[12].util == pytest.approx(80.0)
+        assert all(u == pytest.approx(40.0) for u in five.util[:12])
+        assert five.ts[12] == t0 + 1.5 * H and five.util[12] == pytest.approx(80.0)
         hourly = device_series(s, [gpu_id], window(t0, 2), step_s=3600)[gpu_id]
-        assert [round(p.util or 0, 3) for p in hourly] == [40.0, 80.0]
-        assert hourly[1].mem_used_mib == pytest.approx(20000)
+        assert [round(u or 0, 3) for u in hourly.util] == [40.0, 80.0]
+        assert hourly.mem_used_mib[1] == pytest.approx(20000)

@@ -4,6 +4,7 @@ same figures as JSON."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -42,23 +43,29 @@ def test_rows_per_instance_hour_by_hour(client: TestClient, fleet: datetime) -> 
     keys = [r["key"] for r in view["rows"]]
     assert keys[:2] == ["i-nlp", "i-vision"]  # the most wasteful first
     rows = {r["key"]: r for r in view["rows"]}
-    # Before the data began a row has no state; the full hours since hold the instance's state.
-    assert rows["i-vision"]["cells"][0]["state"] is None
-    # The three hours wholly inside the data, wherever the clock's hour falls.
-    first = [datetime.fromisoformat(t) for t in view["starts"]].index(fleet.replace(minute=0) + timedelta(hours=1))
-    full = slice(first, first + 3)
-    assert [c["state"] for c in rows["i-vision"]["cells"][full]] == ["idle"] * 3
-    assert [c["state"] for c in rows["i-other"]["cells"][full]] == ["active"] * 3
-    hour = rows["i-nlp"]["cells"][first]
-    assert hour["active_h"] == pytest.approx(1.0) and hour["idle_h"] == pytest.approx(1.0)
-    # The cells add up to the row's figures over the window.
-    total = sum(c["waste_usd"] for c in rows["i-vision"]["cells"])
+    starts = [datetime.fromisoformat(t) for t in view["starts"]]
+    began = starts.index(fleet.replace(minute=0, second=0, microsecond=0))
+    first = starts.index(fleet.replace(minute=0) + timedelta(hours=1))
+
+    def span_at(key: str, index: int) -> dict[str, Any]:
+        return next(s for s in rows[key]["spans"] if s["first"] <= index < s["first"] + s["count"])
+
+    # Before the data began a row has no span; the hours wholly inside the data hold the instance's state.
+    assert min(s["first"] for s in rows["i-vision"]["spans"]) == began
+    assert all(span_at("i-vision", h)["state"] == "idle" for h in range(first, first + 3))
+    assert all(span_at("i-other", h)["state"] == "active" for h in range(first, first + 3))
+    # One busy and one idle GPU: as many active as idle hours, and the tie goes to active.
+    nlp = span_at("i-nlp", first)
+    assert nlp["state"] == "active" and nlp["active_h"] == pytest.approx(nlp["idle_h"])
+    # Runs of one state come as one span, and the spans add up to the row's figures over the window.
+    assert len(rows["i-vision"]["spans"]) < 3
+    total = sum(s["waste_usd"] for s in rows["i-vision"]["spans"])
     assert total == pytest.approx(rows["i-vision"]["figures"]["waste"], rel=1e-9)
     for doc in (get_html(client, "/heatmap?window=24h"), fragment(client, "/heatmap?window=24h")):
         svg = doc.select_one("section#heatmap svg.chart-heatmap")
         assert svg is not None
         titles = [t.get_text() for t in svg.select("title")]
-        assert any("UTC: idle 1.0 GPU-h" in t and "wasted" in t for t in titles)
+        assert any(" UTC (" in t and ": idle " in t and "wasted" in t for t in titles)
         assert [tr["data-row"] for tr in doc.select("#heatmap-rows tbody tr")] == keys
         assert svg.select('a[href="/instances/i-vision"]')
 
@@ -89,7 +96,9 @@ def test_long_windows_go_by_day_and_rows_come_a_page_at_a_time(
 ) -> None:
     week = get_json(client, "/heatmap?window=30d")
     assert week["step_s"] == 86400 and len(week["starts"]) == 30
-    monkeypatch.setattr(heatmap, "ROWS_PER_PAGE", 2)
+    assert get_json(client, "/heatmap?rows=gpu&window=24h")["rows_per_page"] == heatmap.GPU_ROWS_PER_PAGE
+    assert get_json(client, "/heatmap?window=24h")["rows_per_page"] == heatmap.ROWS_PER_PAGE
+    monkeypatch.setattr(heatmap, "GPU_ROWS_PER_PAGE", 2)
     first = get_json(client, "/heatmap?rows=gpu&window=24h")
     second = get_json(client, "/heatmap?rows=gpu&window=24h&page=2")
     assert first["pager"]["pages"] == 2 and len(first["rows"]) == 2 and len(second["rows"]) == 2

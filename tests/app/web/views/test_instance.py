@@ -54,7 +54,9 @@ def test_instance_json(client: TestClient, node: None) -> None:
     assert view["instance"]["ref"]["instance_id"] == "i-node" and not view["missing"]
     assert [d["key"] for d in view["series"]] == ["gpu-0", "gpu-1", "gpu-2", "gpu-2-gi1"]
     gpu0 = view["series"][0]["points"]
-    assert gpu0 and all(p["util"] == pytest.approx(60.0) for p in gpu0 if p["util"] is not None)
+    assert len(gpu0["ts"]) == len(gpu0["util"]) == len(gpu0["mem_used_mib"]) == len(gpu0["power_w"]) > 0
+    assert all(u == pytest.approx(60.0) for u in gpu0["util"] if u is not None)
+    assert set(view["series"][3]["points"]["power_w"]) == {None}  # a slice has no power of its own
     assert {s["key"]: s["spans"][-1]["state"] for s in view["strips"]}["gpu-1"] == "idle"
     assert [g["index"] for g in view["gpus"]] == [0, 1, 2]
     assert view["gpus"][2]["slices"][0]["now"]["state"] == "idle-held"
