@@ -19,7 +19,10 @@ pytestmark = pytest.mark.browser
 STATE_WORDS = re.compile(r"\b(active|held|idle|unpartitioned|unknown|offline)\b")
 HOUR = r"\d{4}-\d\d-\d\d \d\d:\d\d UTC"
 """A bucket as the column charts name it (app/web/charts/svg.py, bucket_label)."""
-HEAT_CELL = re.compile(r"^(Mon|Tue|Wed|Thu|Fri|Sat|Sun) \d\d \w{3}( \d\d:\d\d)? UTC: .+ GPU-h")
+_DAY = r"(Mon|Tue|Wed|Thu|Fri|Sat|Sun) \d\d \w{3}( \d\d:\d\d)?"
+# A stretch of one hour or day, or of several: "Tue 24 Nov 05:00-09:00 UTC (4 h): ...",
+# "Mon 23 Nov 22:00 to Tue 24 Nov 03:00 UTC (5 h): ...", "Sat 21 Nov to Mon 23 Nov UTC (3 days): ...".
+HEAT_CELL = re.compile(rf"^{_DAY}(-\d\d:\d\d| to {_DAY})? UTC( \(\d+ (h|days)\))?: .+ GPU-h")
 """A state heatmap cell's tooltip (app/web/chart_data.py): its time, then its GPU-hours by state."""
 WEEK_CELL = re.compile(r"^(Mon|Tue|Wed|Thu|Fri|Sat|Sun) \d\d:00-\d\d:00 UTC \u00b7 ")
 
@@ -199,7 +202,7 @@ def test_heatmap_rows(tab: Tab, rows: str, expected: set[str] | None) -> None:
         links = [a.get_attribute("href") for a in chart.locator(".rows a").all()]
         assert links == [f"/instances/{k}" for k in keys]
 
-    # Every cell with data names its hour and the GPU-hours of its states.
+    # Every stretch of cells names its hours and the GPU-hours of its states.
     titles = chart.locator(".cells path > title").all_text_contents()
     assert titles, "no cell has a tooltip"
     for text in titles:
