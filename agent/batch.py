@@ -4,6 +4,11 @@ The open batch lives in the journal, so it survives a crash. It is sealed into t
 `batch_intervals` intervals, when the hardware layout or the host identity changes (every sample of a batch
 must name a device of that batch's layout), when an urgent event such as a spot interruption notice
 arrives, and when the agent stops.
+
+Holders (who runs on each device) are described once per batch, in its `holders` table, and referred to by
+number from each sample. The journal carries each description in the record of the interval that first had
+it, so a torn record loses its references and its descriptions together, and sealing the same journal twice
+gives the same table.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from collections import Counter
 from typing import Any
 
 from . import __version__
+from .collect.holders import Holder
 from .collect.model import GpuInfo, Interval
 from .spool import Journal, Spool, SpooledBatch, gzip_json, new_batch_id
 
@@ -20,6 +26,7 @@ log = logging.getLogger("gpufleet.agent.batch")
 
 SCHEMA_VERSION = 1
 MAX_EVENTS = 100  # the server's limit per batch
+MAX_HOLDERS = 4096  # holder descriptions per batch, the server's limit too
 MAX_ERROR_KEYS = 64
 URGENT_EVENTS = frozenset({"spot_interruption"})
 
@@ -27,6 +34,80 @@ URGENT_EVENTS = frozenset({"spot_interruption"})
 def layout_key(gpus: tuple[GpuInfo, ...]) -> tuple[Any, ...]:
     """What a batch's samples must agree with: which devices exist and which GPUs are in MIG mode."""
     return tuple((g.uuid, g.mig_mode, tuple(s.uuid for s in g.slices)) for g in gpus)
+
+
+class HolderTable:
+    """A batch's holders: each described once, numbered from 0 in order of first appearance. `truncated`
+    counts references refused because the table was full."""
+
+    def __init__(self) -> None:
+        self.entries: list[dict[str, Any]] = []
+        self.truncated = 0
+        self._ids: dict[tuple[Any, ...], int] = {}
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def ref(self, holder: Holder) -> int | None:
+        """`holder`'s number, described now if it is new; None when the table is full."""
+        key = _described(holder)
+        number = self._ids.get(key)
+        if number is None:
+            if len(self.entries) >= MAX_HOLDERS:
+                self.truncated += 1
+                return None
+            number = len(self.entries)
+            self._ids[key] = number
+            self.entries.append({"id": number, **holder.to_wire()})
+        return number
+
+    def missing(self, interval: Interval) -> int:
+        """How many descriptions `interval` would add (at most; exact once it could fill the table)."""
+        listed = sum(len(r.holders) for r in interval.readings)
+        if len(self.entries) + listed <= MAX_HOLDERS:
+            return listed
+        return len({_described(h) for r in interval.readings for h in r.holders} - self._ids.keys())
+
+    def forget_after(self, count: int) -> None:
+        """Drop the descriptions from number `count` on (the journal record that held them was not written)."""
+        del self.entries[count:]
+        self._ids = {key: number for key, number in self._ids.items() if number < count}
+
+
+def _described(h: Holder) -> tuple[Any, ...]:
+    """What the table tells holders apart by: everything but memory, which is the sample's."""
+    return (
+        h.pid,
+        h.started_at,
+        h.executable,
+        h.uid,
+        h.user,
+        h.container_id,
+        h.pod_uid,
+        h.namespace,
+        h.pod,
+        h.job_id,
+        h.job_step,
+        h.command,
+    )
+
+
+def link_holders(intervals: list[dict[str, Any]], entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The batch's holders table from the descriptions its journal held, numbered from 0. References to a
+    description that was lost (a torn journal line) are dropped from the samples, in place; the others follow."""
+    numbers = {e["id"]: n for n, e in enumerate(entries)}
+    renumber = any(old != new for old, new in numbers.items())
+    for interval in intervals:
+        for sample in interval["samples"]:
+            refs = sample.get("holders")
+            if refs is None or not (renumber or any(h["ref"] not in numbers for h in refs)):
+                continue
+            kept = [{**h, "ref": numbers[h["ref"]]} for h in refs if h["ref"] in numbers]
+            if kept:
+                sample["holders"] = kept
+            else:
+                del sample["holders"]
+    return [{**e, "id": n} for n, e in enumerate(entries)] if renumber else entries
 
 
 def build_batch(
@@ -39,22 +120,28 @@ def build_batch(
     interval_s: float | None,
     dropped_batches: int = 0,
     errors: dict[str, int] | None = None,
+    holders: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """The batch document. `holders` (the table the samples refer to) is left out when empty, so a batch
+    without holders is what it was before they existed."""
     counts = Counter(errors or {})
     agent: dict[str, Any] = {"version": __version__, "dropped_batches": dropped_batches}
     if interval_s is not None:
         agent["interval_s"] = interval_s
     if counts:
         agent["errors"] = dict(counts.most_common(MAX_ERROR_KEYS))
-    return {
+    document: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "batch_id": batch_id,
         "agent": agent,
         "instance": instance,
         "gpus": gpus,
-        "intervals": intervals,
-        "events": events[:MAX_EVENTS],
     }
+    if holders:
+        document["holders"] = holders
+    document["intervals"] = intervals
+    document["events"] = events[:MAX_EVENTS]
+    return document
 
 
 class Batcher:
@@ -70,6 +157,7 @@ class Batcher:
         self._gpus_wire: list[dict[str, Any]] | None = None
         self._intervals = 0
         self._events = 0
+        self._holders = HolderTable()
 
     def recover(self) -> SpooledBatch | None:
         """Seal what a previous run left in the journal (killed, or the host went down)."""
@@ -87,7 +175,9 @@ class Batcher:
         sealed: list[SpooledBatch] = []
         key = layout_key(interval.gpus)
         layout_changed = self._layout is not None and key != self._layout
-        if self._instance is not None and (instance != self._instance or layout_changed):
+        # A batch describes at most MAX_HOLDERS holders: one that could not describe this interval's is full.
+        full = self._intervals > 0 and len(self._holders) + self._holders.missing(interval) > MAX_HOLDERS
+        if self._instance is not None and (instance != self._instance or layout_changed or full):
             sealed += self._seal_open()
         if self._instance is None:
             self._open(instance)
@@ -96,10 +186,21 @@ class Batcher:
             self.journal.append({"t": "gpus", "gpus": gpus})
             self._gpus_wire = gpus
             self._layout = key
-        record: dict[str, Any] = {"t": "interval", **interval.to_wire()}
+        table = self._holders
+        described = len(table)
+        record: dict[str, Any] = {"t": "interval", **interval.to_wire(table.ref)}
+        if len(table) > described:
+            record["holders"] = table.entries[described:]
+        if table.truncated:
+            errors = {**errors, "holders:truncated": errors.get("holders:truncated", 0) + table.truncated}
+            table.truncated = 0
         if errors:
             record["errors"] = errors
-        self.journal.append(record)
+        try:
+            self.journal.append(record)
+        except OSError:
+            table.forget_after(described)
+            raise
         self._intervals += 1
         if self._intervals >= self.batch_intervals:
             sealed += self._seal_open()
@@ -130,6 +231,7 @@ class Batcher:
 
     def _open(self, instance: dict[str, Any]) -> None:
         self.journal.append({"t": "head", "batch_id": new_batch_id(), "instance": instance})
+        self._holders = HolderTable()
         if self._gpus_wire is not None:
             self.journal.append({"t": "gpus", "gpus": self._gpus_wire})
         self._instance = instance
@@ -141,6 +243,7 @@ class Batcher:
         self._instance = None
         self._intervals = 0
         self._events = 0
+        self._holders = HolderTable()
         return [sealed] if sealed is not None else []
 
     def _seal_records(self, records: list[dict[str, Any]]) -> SpooledBatch | None:
@@ -151,6 +254,7 @@ class Batcher:
         gpus: list[dict[str, Any]] = []
         intervals: list[dict[str, Any]] = []
         events: list[dict[str, Any]] = []
+        holders: list[dict[str, Any]] = []
         errors: Counter[str] = Counter()
         for r in records:
             kind = r.get("t")
@@ -158,7 +262,8 @@ class Batcher:
                 gpus = r["gpus"]
             elif kind == "interval":
                 errors.update(r.get("errors", {}))
-                intervals.append({k: v for k, v in r.items() if k not in ("t", "errors")})
+                holders += r.get("holders", ())
+                intervals.append({k: v for k, v in r.items() if k not in ("t", "errors", "holders")})
             elif kind == "event":
                 events.append(r["event"])
         dropped = self.spool.take_dropped()
@@ -171,6 +276,7 @@ class Batcher:
             interval_s=self.interval_s,
             dropped_batches=dropped,
             errors=dict(errors),
+            holders=link_holders(intervals, holders),
         )
         try:
             return self.spool.put(gzip_json(document), carried=dropped)

@@ -37,6 +37,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpufleet-agent {__version__}")
     parser.add_argument("--config", type=Path, help="env file to read (default /etc/gpufleet/agent.env)")
     parser.add_argument("--fake-nvml", metavar="SCENARIO", help="use a simulated GPU host (tests and demos)")
+    parser.add_argument(
+        "--fake-clock",
+        type=_utc_time,
+        metavar="TIME",
+        help="with --fake-nvml: the simulated host's clock starts at this UTC time, e.g. 2026-11-24T15:00:00Z "
+        "(scenarios with office hours)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("run", help="collect and deliver until stopped (the systemd service)")
     once = sub.add_parser("once", help="collect one interval and print the batch as JSON; no network")
@@ -65,6 +72,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _utc_time(text: str) -> float:
+    from datetime import UTC, datetime
+
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a time like 2026-11-24T15:00:00Z, got {text!r}") from None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
 def _setup_logging(level: str, *, stream: Any = None) -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper()),
@@ -78,11 +95,11 @@ def _config(args: argparse.Namespace) -> AgentConfig:
     return load_config(config_file=args.config, overrides={"fake_nvml": args.fake_nvml})
 
 
-def _open_nvml(config: AgentConfig) -> Any:
+def _open_nvml(config: AgentConfig, fake_start: float | None = None) -> Any:
     from .nvml import Nvml, NvmlUnavailable, load_library
 
     try:
-        lib = load_library(config.fake_nvml)
+        lib = load_library(config.fake_nvml, start=fake_start)
     except NvmlUnavailable as exc:
         # A scenario that does not exist, or a report that cannot be read, is bad input, not a driver problem.
         raise CliError(str(exc), EXIT_CONFIG if config.fake_nvml else EXIT_NVML) from None
@@ -111,7 +128,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         logging.getLogger("gpufleet.agent").warning(
             "GPUFLEET_AGENT_SERVER_URL is plain http: the token and the data cross the network unencrypted"
         )
-    nvml = _open_nvml(config)
+    nvml = _open_nvml(config, args.fake_clock)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
@@ -132,9 +149,10 @@ def _loopback(url: str) -> bool:
 
 
 def cmd_once(args: argparse.Namespace) -> int:
-    from .batch import build_batch
+    from .batch import HolderTable, build_batch
     from .collect import Collector
     from .identify import IdentityResolver, IdentityUnavailable
+    from .run import holder_reader
     from .spool import new_batch_id
 
     config = _config(args)
@@ -142,21 +160,27 @@ def cmd_once(args: argparse.Namespace) -> int:
     seconds = args.interval if args.interval is not None else config.interval_s
     if not seconds > 0:
         raise CliError("--interval must be above 0")
-    nvml = _open_nvml(config)
+    nvml = _open_nvml(config, args.fake_clock)
     try:
-        interval = Collector(nvml).sample(seconds)
+        interval = Collector(nvml, holders=holder_reader(config, nvml.lib)).sample(seconds)
         try:
             instance = IdentityResolver(config).identity().to_wire()
         except IdentityUnavailable as exc:
             raise CliError(f"instance identity: {exc}", EXIT_FAIL) from None
+        holders = HolderTable()
+        samples = interval.to_wire(holders.ref)
+        errors = nvml.take_errors()
+        if holders.truncated:
+            errors["holders:truncated"] = errors.get("holders:truncated", 0) + holders.truncated
         document = build_batch(
             batch_id=new_batch_id(),
             instance=instance,
             gpus=[g.to_wire() for g in interval.gpus],
-            intervals=[interval.to_wire()],
+            intervals=[samples],
             events=[],
             interval_s=seconds,
-            errors=nvml.take_errors(),
+            errors=errors,
+            holders=holders.entries,
         )
     finally:
         nvml.close()

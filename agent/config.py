@@ -18,6 +18,8 @@ from urllib.parse import urlsplit
 
 DEFAULT_CONFIG_FILE = Path("/etc/gpufleet/agent.env")
 DEFAULT_STATE_DIR = Path("/var/lib/gpufleet-agent")
+DEFAULT_PROC_ROOT = Path("/proc")
+DEFAULT_PODS_ROOT = Path("/var/log/pods")  # where kubelet writes pod logs, one folder per pod
 PREFIX = "GPUFLEET_AGENT_"
 _PROXY_VARIABLES = ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY", "no_proxy", "NO_PROXY")
 
@@ -49,6 +51,10 @@ class AgentConfig:
     region: str | None = None
     price_usd_per_hour: float | None = None
     tags: dict[str, str] = field(default_factory=dict)
+    holders: bool = True
+    holder_args: bool = False
+    proc_root: Path = DEFAULT_PROC_ROOT
+    pods_root: Path = DEFAULT_PODS_ROOT
     fake_nvml: str | None = None
     log_level: str = "info"
 
@@ -189,6 +195,18 @@ def _host_id(text: str) -> str:
     return value
 
 
+def _switch(name: str) -> Callable[[str], bool]:
+    def convert(text: str) -> bool:
+        value = text.strip().lower()
+        if value in ("on", "true", "yes", "1"):
+            return True
+        if value in ("off", "false", "no", "0"):
+            return False
+        raise ConfigError(f"{PREFIX}{name}: expected on or off, got {text!r}")
+
+    return convert
+
+
 def _nonempty(name: str) -> Callable[[str], str]:
     def convert(text: str) -> str:
         if not text.strip():
@@ -218,6 +236,10 @@ _CONVERTERS: dict[str, Callable[[str], Any]] = {
     "region": _nonempty("REGION"),
     "price_usd_per_hour": _price,
     "tags": _tags,
+    "holders": _switch("HOLDERS"),
+    "holder_args": _switch("HOLDER_ARGS"),
+    "proc_root": Path,
+    "pods_root": Path,
     "fake_nvml": _nonempty("FAKE_NVML"),
     "log_level": _log_level,
 }

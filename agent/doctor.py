@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import __version__
-from .collect.model import GpuInfo
+from .collect.model import GpuInfo, Interval
 from .collect.privilege import FIGURES, GRANTS
 from .config import AgentConfig, ConfigError
 from .httpclient import HttpError, request, tls_context
@@ -55,6 +55,7 @@ def _nvml_checks(config: AgentConfig, report: dict[str, Any] | None) -> Iterator
     from . import capabilities
     from .collect import Collector
     from .nvml import Absent, Nvml, NvmlUnavailable, load_library
+    from .run import holder_reader
 
     try:
         nvml = Nvml.open(load_library(config.fake_nvml))
@@ -70,7 +71,7 @@ def _nvml_checks(config: AgentConfig, report: dict[str, Any] | None) -> Iterator
             f"driver {'unknown' if isinstance(driver, Absent) else driver}, "
             f"CUDA {'unknown' if isinstance(cuda, Absent) else cuda}{fake}",
         )
-        collector = Collector(nvml)
+        collector = Collector(nvml, holders=holder_reader(config, nvml.lib))
         interval = collector.sample(SAMPLE_S)
         gpus = interval.gpus
         if not gpus:
@@ -101,6 +102,7 @@ def _nvml_checks(config: AgentConfig, report: dict[str, Any] | None) -> Iterator
         blind = [g for g in gpus if not g.mig_mode and by_uuid[g.uuid].util is None]
         yield Check("Utilization", not blind, ", ".join(parts) or "no devices")
         errors = nvml.take_errors()  # the collector's, before the probe below makes calls of its own
+        holder_errors = {k: errors.pop(k) for k in list(errors) if k.startswith("holders:")}
         yield from _privilege_checks(gpus)
         probe = capabilities.report(nvml, gpus, simulated=config.fake_nvml)
         yield from _call_checks(probe)
@@ -108,6 +110,7 @@ def _nvml_checks(config: AgentConfig, report: dict[str, Any] | None) -> Iterator
         if reader.symbol:
             size = f"{reader.record_bytes}-byte records" if reader.record_bytes else "no process to learn the size"
             yield Check("Process lists", True, f"{reader.symbol}, {size}")
+        yield _holders_check(config, interval, holder_errors)
         if errors:
             worst = ", ".join(f"{k} x{v}" for k, v in Counter(errors).most_common(3))
             yield Check("NVML calls", True, f"{sum(errors.values())} failed calls, reported as absent: {worst}")
@@ -115,6 +118,37 @@ def _nvml_checks(config: AgentConfig, report: dict[str, Any] | None) -> Iterator
             report["report"] = probe
     finally:
         nvml.close()
+
+
+def _holders_check(config: AgentConfig, interval: Interval, errors: dict[str, int]) -> Check:
+    """Whether the processes NVML listed were found in /proc, and what they run in."""
+    if not config.holders:
+        return Check("Holders", True, "off (GPUFLEET_AGENT_HOLDERS)")
+    parents = {g.uuid for g in interval.gpus if g.mig_mode}  # their processes are their slices'
+    listed = sum(r.procs or 0 for r in interval.readings if r.uuid not in parents)
+    holders = [h for r in interval.readings for h in r.holders]
+    if not listed:
+        return Check("Holders", True, "no compute process running")
+    if not holders and errors.get("holders:exited") == listed:
+        return Check(
+            "Holders",
+            True,
+            f"none of the {listed} processes NVML lists is in {config.proc_root}: read the host's /proc "
+            "(the host's PID namespace, or GPUFLEET_AGENT_PROC_ROOT)",
+            warn=True,
+        )
+    users = sorted({h.user or str(h.uid) for h in holders if h.uid is not None})
+    kinds = [
+        (sum(h.job_id is not None for h in holders), "in Slurm jobs"),
+        (sum(h.pod_uid is not None for h in holders), "in pods"),
+        (sum(h.container_id is not None and h.pod_uid is None for h in holders), "in other containers"),
+    ]
+    message = f"{len(holders)} of {listed} processes described; users {', '.join(users[:5]) or 'unknown'}"
+    message += "".join(f"; {n} {kind}" for n, kind in kinds if n)
+    trouble = {k: v for k, v in errors.items() if k not in ("holders:exited", "holders:truncated")}
+    if trouble:
+        message += "; not read: " + ", ".join(f"{k} x{v}" for k, v in sorted(trouble.items()))
+    return Check("Holders", True, message, warn=bool(trouble))
 
 
 def _privilege_checks(gpus: tuple[GpuInfo, ...]) -> Iterator[Check]:

@@ -72,8 +72,9 @@ def reason_of(exc: BaseException) -> str:
     return "error_" + type(exc).__name__.lower()
 
 
-def load_library(fake_scenario: str | None = None) -> Any:
-    """The real `pynvml` module, or the fake one loaded with a scenario (tests and demos)."""
+def load_library(fake_scenario: str | None = None, *, start: float | None = None) -> Any:
+    """The real `pynvml` module, or the fake one loaded with a scenario (tests and demos). The fake runs on the
+    wall clock, or on a clock that reads `start` (UTC epoch s) now and runs on from there."""
     if fake_scenario:
         from . import fake_nvml
 
@@ -81,14 +82,20 @@ def load_library(fake_scenario: str | None = None) -> Any:
             names = ", ".join(sorted(fake_nvml.SCENARIOS))
             raise NvmlUnavailable(f"unknown fake NVML scenario {fake_scenario!r}; known: {names}, report:PATH")
         try:
-            # The wall clock, so scenarios with office hours follow the calendar.
-            return fake_nvml.load(fake_scenario, clock=time.time)
+            # A wall clock, so scenarios with office hours follow the calendar.
+            return fake_nvml.load(fake_scenario, clock=time.time if start is None else _clock_from(start))
         except fake_nvml.ReportError as exc:
             raise NvmlUnavailable(str(exc)) from None
     try:
         return importlib.import_module("pynvml")
     except ImportError:
         raise NvmlUnavailable("the pynvml module is missing: install the nvidia-ml-py package") from None
+
+
+def _clock_from(start: float) -> Callable[[], float]:
+    """A clock that reads `start` now and runs at the wall clock's pace."""
+    offset = start - time.time()
+    return lambda: time.time() + offset
 
 
 class Nvml:

@@ -25,7 +25,8 @@ from typing import Any
 from . import __version__
 from .batch import Batcher
 from .collect import Collector
-from .config import AgentConfig
+from .collect.holders import HolderReader
+from .config import DEFAULT_PODS_ROOT, DEFAULT_PROC_ROOT, AgentConfig
 from .identify import Identity, IdentityResolver, IdentityUnavailable
 from .nvml import Nvml, NvmlUnavailable
 from .send import Poster, Sender
@@ -36,6 +37,19 @@ log = logging.getLogger("gpufleet.agent")
 EVENT_POLL_S = 5.0  # AWS's advice for watching spot/instance-action; also how often the sample buffer is read
 STOP_FLUSH_S = 5.0  # how long a stopping agent keeps trying to deliver what it holds
 MIG_RECHECK_S = 30.0  # how often a released agent looks whether a pending MIG mode change is done
+
+
+def holder_reader(config: AgentConfig, lib: Any) -> HolderReader | None:
+    """The reader of who holds each device, as configured; None with holders off. A simulated host (fake NVML)
+    whose processes have /proc entries of their own is read from those, unless the roots were set."""
+    if not config.holders:
+        return None
+    proc_root, pods_root, user_of = config.proc_root, config.pods_root, None
+    simulated = getattr(lib, "proc_tree", None)
+    if callable(simulated) and (proc_root, pods_root) == (DEFAULT_PROC_ROOT, DEFAULT_PODS_ROOT):
+        tree = simulated()
+        proc_root, pods_root, user_of = tree.proc_root, tree.pods_root, tree.users.get
+    return HolderReader(proc_root, pods_root, with_args=config.holder_args, user_of=user_of)
 
 
 class Agent:
@@ -75,7 +89,8 @@ class Agent:
             if poster is not None
             else None
         )
-        self.collector = Collector(nvml, clock=clock)
+        self.holders = holder_reader(config, nvml.lib)
+        self.collector = Collector(nvml, clock=clock, holders=self.holders)
         self.mig_recheck_s = mig_recheck_s
         self.released = False
         """True while NVML is let go for a pending MIG mode change."""
@@ -207,7 +222,7 @@ class Agent:
             except NvmlUnavailable as exc:
                 log.warning("NVML cannot be opened again yet: %s", exc)
                 continue
-            collector = Collector(nvml, clock=self.clock)
+            collector = Collector(nvml, clock=self.clock, holders=self.holders)
             collector.start()
             if collector.pending_mig_changes():
                 collector.close()

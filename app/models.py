@@ -395,7 +395,9 @@ device_status = Table(
     postgresql_with={"fillfactor": 70},
 )
 
-PARTITIONED_TABLES = ("samples", "rollups_hourly", "rollups_5m")
+PARTITIONED_TABLES = ("samples", "rollups_hourly", "rollups_5m", "holder_rollups_hourly")
 
-# The per-instance rollups live with their write path's weights; imported here so the metadata holds them.
+# The per-instance rollups live with their write path's weights, the holders' tables with theirs; imported here so
+# the metadata holds them.
+from .store import holders as _holders  # noqa: E402, F401
 from .store import instance_rollups as _instance_rollups  # noqa: E402, F401

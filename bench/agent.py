@@ -3,6 +3,10 @@
     .venv/bin/python -m bench.agent [--intervals 240] [--interval 0.25] [--database-url URL]
     (or .venv/bin/python bench/agent.py with the same options)
 
+The issue's cost point for holders, 8 GPUs of 7 MIG slices with 3 processes each, is `--scenario
+p5-mig-crowded`: the simulated host writes its processes' /proc entries and the agent reads them, as it reads
+/proc on a real host. `--holders off` measures the same run without them.
+
 Measures the agent process alone (all its threads: collection, journal, gzip, HTTP): CPU time per
 interval over the measured window, after a warm-up, and its peak resident memory (VmHWM). The simulated
 NVML runs inside the agent process in Python, so its cost is included; real NVML calls are C calls. At the
@@ -41,6 +45,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=8, help="intervals before measuring starts")
     p.add_argument("--batch-intervals", type=int, default=3, help="intervals per batch")
     p.add_argument("--scenario", default="p4d-mig")
+    p.add_argument("--holders", choices=("on", "off"), default="on", help="say who holds each device (from /proc)")
     p.add_argument("--database-url", help="a PostgreSQL server to create a scratch database on")
     args = p.parse_args(argv)
     if args.intervals < 60:
@@ -90,6 +95,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]
         GPUFLEET_AGENT_IMDS="off",
         GPUFLEET_AGENT_HOST_ID="bench-host",
         GPUFLEET_AGENT_FAKE_NVML=args.scenario,
+        GPUFLEET_AGENT_HOLDERS=args.holders,
         GPUFLEET_AGENT_LOG_LEVEL="debug",
     )
     (tmp / "agent.env").write_text("")
@@ -126,6 +132,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]
     measured = end_count - start_count
     result = {
         "scenario": args.scenario,
+        "holders": args.holders,
         "interval_s": args.interval,
         "intervals_measured": measured,
         "cpu_ms_per_interval": round((end_cpu - start_cpu) * 1000 / measured, 2),

@@ -30,7 +30,8 @@ from tests.feeding import Feeder
 
 TABLES = (
     "api_tokens, instances, gpus, mig_slices, events, ingest_batches, samples, rollups_hourly, rollups_daily, "
-    "rollups_5m, instance_rollups_hourly, instance_rollups_daily, device_status, web_sessions"
+    "rollups_5m, instance_rollups_hourly, instance_rollups_daily, device_status, web_sessions, holders, "
+    "holder_rollups_hourly, holder_rollups_daily, device_holders_now"
 )
 
 

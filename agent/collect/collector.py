@@ -3,6 +3,9 @@
 `start()` finds the GPUs and sets each source's baseline; each `collect()` closes the interval that began at
 the previous call and opens the next, so intervals are back to back with no gap and no overlap. A source
 that fails on one GPU loses that GPU's figures from that source only; the failure is counted.
+
+Given a `HolderReader`, the collector also says who holds each device (`Reading.holders`); what the reader
+could not read is counted with NVML's failures, as "holders:reason".
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from functools import partial
 from ..nvml import Nvml
 from .device import DeviceSource
 from .gpm import GpmSource
+from .holders import HolderReader
 from .model import Denied, GpuInfo, Interval, Reading, SliceInfo
 from .power import PowerSource
 from .source import Source
@@ -36,13 +40,15 @@ class Collector:
         *,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], datetime] = utc_now,
+        holders: HolderReader | None = None,
     ) -> None:
         self.nvml = nvml
         self.clock = clock
         self.wall_clock = wall_clock
+        self.holders = holders
         self.topology = Topology(nvml)
         # Order matters: utilization before GPM, so GPM fills a MIG parent's util only where the buffer cannot.
-        self.device = DeviceSource(nvml)
+        self.device = DeviceSource(nvml, holders)
         self.sources: list[Source] = [
             self.device,
             UtilizationSource(nvml),
@@ -89,9 +95,14 @@ class Collector:
             readings[gpu.uuid] = Reading(gpu.uuid)
             for s in gpu.slices.values():
                 readings[s.uuid] = Reading(s.uuid)
+        if self.holders is not None:
+            self.holders.begin_interval()
         for gpu in self.gpus:
             for source in self.sources:
                 self._guard(source.name, gpu, partial(source.read, gpu, readings, elapsed))
+        if self.holders is not None and self.holders.errors:
+            self.nvml.errors.update(self.holders.errors)
+            self.holders.errors.clear()
         interval = Interval(start=self._start, duration_s=elapsed, gpus=self.layout(), readings=list(readings.values()))
         self._began, self._start = ended, end_wall
         return interval

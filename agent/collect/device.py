@@ -3,6 +3,9 @@
 Memory and processes are read on whole GPUs and on each MIG slice; temperature, clock and ECC describe the
 whole board, so they are read on the GPU only. A figure NVML refuses for lack of privilege is recorded on the
 GPU with what to grant, so the dashboard can say so.
+
+With a `HolderReader`, each process is also described from /proc: on a whole GPU, and on each MIG slice. A
+MIG-mode GPU's own list is the sum of its slices' lists, so its processes are described on the slices only.
 """
 
 from __future__ import annotations
@@ -10,9 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..nvml import Absent, Nvml
+from .holders import SAMPLE_HOLDERS, Holder, HolderReader
 from .model import Reading
 from .privilege import DEVICE_ACCESS, MIG_MONITOR
-from .processes import ProcessReader
+from .processes import ProcessReader, ProcessRecord
 from .source import PERMANENT, ask
 from .topology import GpuDevice
 
@@ -22,8 +26,9 @@ _MIB = 1024 * 1024
 class DeviceSource:
     name = "device"
 
-    def __init__(self, nvml: Nvml) -> None:
+    def __init__(self, nvml: Nvml, holders: HolderReader | None = None) -> None:
         self.nvml = nvml
+        self.holders = holders
         lib = nvml.lib
         self._temp_sensor = lib.NVML_TEMPERATURE_GPU
         self._clock_sm = lib.NVML_CLOCK_SM
@@ -49,7 +54,9 @@ class DeviceSource:
         reading.mem_used_mib = self._memory_used(gpu, gpu.handle, "", "mem_used_mib", grant)
         procs = self._processes(gpu, gpu.handle, "", "procs", grant)
         if procs is not None:
-            reading.procs, reading.procs_mem_mib = procs
+            reading.procs, reading.procs_mem_mib = _counts(procs)
+            if not gpu.mig_mode:
+                reading.holders = self._holders(procs)
 
         temp = ask(nvml, unsupported, lib.nvmlDeviceGetTemperatureV, gpu.handle, self._temp_sensor)
         if isinstance(temp, Absent) and "nvmlDeviceGetTemperatureV" in unsupported:
@@ -71,7 +78,8 @@ class DeviceSource:
             sr.mem_used_mib = self._memory_used(gpu, s.handle, "mig:", "slice_memory", DEVICE_ACCESS)
             slice_procs = self._processes(gpu, s.handle, "mig:", "slice_procs", DEVICE_ACCESS)
             if slice_procs is not None:
-                sr.procs, sr.procs_mem_mib = slice_procs
+                sr.procs, sr.procs_mem_mib = _counts(slice_procs)
+                sr.holders = self._holders(slice_procs)
 
     def _memory_used(self, gpu: GpuDevice, handle: Any, scope: str, figure: str, grant: str) -> int | None:
         lib, nvml, unsupported = self.nvml.lib, self.nvml, gpu.unsupported
@@ -95,8 +103,8 @@ class DeviceSource:
 
     def _processes(
         self, gpu: GpuDevice, handle: Any, scope: str, figure: str, grant: str
-    ) -> tuple[int, int | None] | None:
-        """(compute processes, MiB they hold); the MiB is None when the driver hides per-process memory."""
+    ) -> list[ProcessRecord] | None:
+        """The compute processes on `handle`; None when NVML did not list them."""
         if f"{scope}procs" in gpu.unsupported:
             return None
         procs = self.processes.read(handle)
@@ -106,11 +114,32 @@ class DeviceSource:
             elif procs.reason == "no_permission":
                 gpu.deny(figure, self.processes.symbol or "nvmlDeviceGetComputeRunningProcesses", grant)
             return None
-        known = [p.used_mib for p in procs if p.used_mib is not None]
-        mem = sum(known) if len(known) == len(procs) else None
-        return len(procs), mem
+        return procs
+
+    def _holders(self, procs: list[ProcessRecord]) -> tuple[Holder, ...]:
+        """Who the processes are, most memory first, at most `SAMPLE_HOLDERS`; those left over are counted as
+        `holders:truncated`. A process that has exited since NVML listed it is none."""
+        if self.holders is None or not procs:
+            return ()
+        # Sorted before reading /proc, so a crowded device costs reads of the kept processes only.
+        ordered = sorted(procs, key=lambda p: (p.used_mib is None, -(p.used_mib or 0), p.pid))
+        found: list[Holder] = []
+        for i, record in enumerate(ordered):
+            if len(found) == SAMPLE_HOLDERS:
+                self.nvml.errors["holders:truncated"] += len(ordered) - i
+                break
+            holder = self.holders.read(record.pid, record.used_mib)
+            if holder is not None:
+                found.append(holder)
+        return tuple(found)
 
     @staticmethod
     def _mark_lost(gpu: GpuDevice, value: Absent) -> None:
         if value.reason == "gpu_lost":
             gpu.lost = "gpu_lost"
+
+
+def _counts(procs: list[ProcessRecord]) -> tuple[int, int | None]:
+    """(compute processes, MiB they hold); the MiB is None when the driver hides per-process memory."""
+    known = [p.used_mib for p in procs if p.used_mib is not None]
+    return len(procs), sum(known) if len(known) == len(procs) else None

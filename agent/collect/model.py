@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+from .holders import Holder
+
+HolderRef = Callable[[Holder], int | None]
+"""A batch's number for a holder (`batch.HolderTable.ref`); None when the batch can describe no more."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +97,8 @@ class Reading:
     """One device (GPU or slice) over one interval. None means not measured, never 0.
 
     util and sm_active/gr_active in %, memory in MiB, power in W (interval mean), temperature in degrees C,
-    SM clock in MHz, ECC as a count since driver load.
+    SM clock in MHz, ECC as a count since driver load. `holders` are the processes on the device, most memory
+    first (a MIG-mode GPU has none of its own: they are its slices').
     """
 
     uuid: str
@@ -106,13 +113,27 @@ class Reading:
     ecc_uncorrected: int | None = None
     procs: int | None = None
     procs_mem_mib: int | None = None
+    holders: tuple[Holder, ...] = ()
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self, ref: HolderRef | None = None) -> dict[str, Any]:
+        """The sample; with `ref`, its holders as references into the batch's holders table."""
         wire: dict[str, Any] = {"uuid": self.uuid, "util_source": self.util_source}
         for name in _READING_FIGURES:
             value = getattr(self, name)
             if value is not None:
                 wire[name] = round(value, 2) if isinstance(value, float) else value
+        if ref is not None and self.holders:
+            held = []
+            for holder in self.holders:
+                number = ref(holder)
+                if number is None:
+                    continue
+                entry: dict[str, int] = {"ref": number}
+                if holder.used_mib is not None:
+                    entry["used_mib"] = holder.used_mib
+                held.append(entry)
+            if held:
+                wire["holders"] = held
         return wire
 
 
@@ -139,11 +160,12 @@ class Interval:
     gpus: tuple[GpuInfo, ...]
     readings: list[Reading] = field(default_factory=list)
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self, ref: HolderRef | None = None) -> dict[str, Any]:
+        """The interval; with `ref`, each sample refers to its holders (without, they are left out)."""
         return {
             "start": self.start.isoformat().replace("+00:00", "Z"),
             "duration_s": round(self.duration_s, 3),
-            "samples": [r.to_wire() for r in self.readings],
+            "samples": [r.to_wire(ref) for r in self.readings],
         }
 
 

@@ -19,6 +19,10 @@ a fresh pointer object comes back on every call, as from the real bindings.
 `FakeNvml.truth(t1, t2)` gives what every device did over a span of clock time, worked out exactly rather than
 sampled: history written from it matches what an agent reading the same scenario live reports.
 
+Every scenario process has a user, an executable and a Slurm job, container, pod or login session;
+`FakeNvml.proc_tree()` writes their /proc entries as files (`procfs`), which the agent reads to say who holds
+each GPU.
+
 A scenario named `report:PATH` replays a capability report that `gpufleet-agent doctor --json` wrote on a real
 host (`replay`).
 """
@@ -56,8 +60,9 @@ class FakeNvml(MigCalls, ProcessCalls, DeviceCalls):
 
     `calls` counts the calls of every nvml* function by name. `fail`, `clear_failures`, `set_load`,
     `add_process`, `remove_process`, `request_mig_mode`, `reset_gpu`, `create_gpu_instance` and
-    `destroy_gpu_instance` steer the simulation from tests. The energy and GPM counters integrate activity up to
-    the clock reading taken here, so with a fake clock they too are exact and repeatable.
+    `destroy_gpu_instance` steer the simulation from tests; `proc_tree` writes its processes' /proc entries.
+    The energy and GPM counters integrate activity up to the clock reading taken here, so with a fake clock
+    they too are exact and repeatable.
     """
 
 

@@ -13,8 +13,9 @@ from typing import Any
 
 from .curves import Curve, Load, key_of, rand, uuid_of
 from .hardware import DRIVERS, PRIVILEGES, Driver, Privilege
-from .model import MIB, MIG_SLICES, Failure, GpmCounters, GpmSample, Gpu, GpuInstance, MigDevice, Proc
-from .scenarios import GpuSpec, Scenario
+from .model import MIB, MIG_SLICES, NO_ID, Failure, GpmCounters, GpmSample, Gpu, GpuInstance, MigDevice, Proc
+from .procfs import owner
+from .scenarios import GpuSpec, Scenario, Who
 
 # Imported by name, not statement: pynvml ships without type information.
 nv: Any = importlib.import_module("pynvml")
@@ -87,6 +88,14 @@ class Core:
         self._pids += 1
         return 1000 + int(rand(base, 1000 + self._pids) * 3_000_000)
 
+    def _proc(self, base: int, mib: int, unit: Curve, who: Who, *device: int) -> Proc:
+        """A scenario's process on the device `device` names (GPU index, then GPU and compute instance ids),
+        with the identity its /proc entry shows; its rank in the scenario is its Slurm task."""
+        task = self._pids
+        who_key = key_of(self.scenario, self.seed, "who", *device)
+        gi_id, ci_id = device[1:] if len(device) == 3 else (NO_ID, NO_ID)
+        return Proc(self._pid(base), mib * MIB, gi_id, ci_id, unit, owner(who, who_key, task, self.spec.cgroups))
+
     def _build_gpu(self, i: int, gspec: GpuSpec, t0: float) -> Gpu:
         spec = self.spec
         model = gspec.model or spec.model
@@ -113,13 +122,15 @@ class Core:
         self._register(gpu)
         if gpu.curve is not None:
             gpu.weights = [(1.0, gpu.curve)]
-            gpu.procs = [Proc(self._pid(key), mib * MIB, unit=gpu.curve) for mib in gspec.procs_mib]
+            who = gspec.who or spec.who
+            gpu.procs = [self._proc(key, mib, gpu.curve, who, i) for mib in gspec.procs_mib]
             return gpu
         for gi_spec in gspec.mig or ():
             gi = self._make_gi(gpu, gi_spec.gi_id, gi_spec.profile, t0)
             for ci in gi_spec.cis:
                 dev = self._make_ci(gpu, gi, ci.index, ci.ci_id, ci.slices, ci.load, ci.uuid)
-                gpu.procs += [Proc(self._pid(key), mib * MIB, gi.gi_id, ci.ci_id, dev.curve) for mib in ci.procs_mib]
+                who = ci.who or gspec.who or spec.who
+                gpu.procs += [self._proc(key, mib, dev.curve, who, i, gi.gi_id, ci.ci_id) for mib in ci.procs_mib]
         gpu.mig = dict(sorted(gpu.mig.items()))
         return gpu
 

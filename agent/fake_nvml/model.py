@@ -14,6 +14,22 @@ MIG_SLICES = 7  # compute slices of a MIG-capable GPU
 GPM_METRICS = ("graphics", "sm", "occ", "tensor", "dram")
 
 
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """What a simulated process's /proc entry says (`procfs`): executable name (at most 15 characters), uid and
+    user name, arguments, how long before the epoch it started (s), its cgroup file, and for a pod process
+    kubelet's log folder of the pod and the container's name."""
+
+    comm: str
+    uid: int
+    user: str
+    cmdline: tuple[str, ...]
+    age_s: float
+    cgroup: str
+    pod_dir: str | None = None
+    container: str | None = None
+
+
 @dataclass(eq=False, slots=True)
 class Proc:
     pid: int
@@ -21,6 +37,7 @@ class Proc:
     gi_id: int = NO_ID
     ci_id: int = NO_ID
     unit: Curve | None = None  # the work it belongs to: the process exists while that unit is working
+    owner: Owner | None = None  # None: no /proc entry (a process a test added)
 
 
 @dataclass(eq=False, slots=True)

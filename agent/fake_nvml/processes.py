@@ -8,18 +8,26 @@ symbol (nvml.h's nvmlProcessInfo_v1_t; nvitop reads it so on drivers without `_v
 functions behave as nvidia-ml-py's wrappers do: they read the records through the installed binding's own
 struct, so a binding whose record size differs from the driver's misreads them, as on real hosts
 (XuehaiPan/nvitop#75).
+
+`proc_tree` writes the processes' /proc entries (`procfs`), so the agent can say who they are.
 """
 
 from __future__ import annotations
 
 import ctypes
+import shutil
 import struct
+import tempfile
+import time
+import weakref
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .controls import Controls
 from .core import error, nv
 from .model import Gpu, MigDevice, running
+from .procfs import ProcTree, write_tree
 
 NOT_AVAILABLE = (1 << 64) - 1  # NVML_VALUE_NOT_AVAILABLE as an unsigned long long: usedGpuMemory unknown
 
@@ -41,6 +49,20 @@ class ProcessCalls(Controls):
     """Compute-process lists of GPUs and MIG devices."""
 
     _entry_points: dict[str, Any]
+
+    def proc_tree(self, root: Path | None = None) -> ProcTree:
+        """Write the /proc entries of every scenario process (running now or not) and kubelet's pod folders
+        under `root`, by default a temporary folder of this library's own, removed with it; call again after
+        adding processes. Processes added by tests (`add_process`) have none: to the agent they have exited.
+        Start times count from the epoch when the clock reads UTC epoch seconds, else from now."""
+        if root is None:
+            root = self.__dict__.get("_proc_root")
+            if root is None:
+                root = Path(tempfile.mkdtemp(prefix="gpufleet-fake-proc-"))
+                weakref.finalize(self, shutil.rmtree, root, True)
+                self.__dict__["_proc_root"] = root
+        wall = self.epoch if self.epoch > 1e9 else time.time()
+        return write_tree(root, (p for g in self._gpus for p in g.procs), wall)
 
     def record_bytes(self, symbol: str) -> int | None:
         """Bytes per record that `symbol` writes on this driver; None when the driver does not export it."""

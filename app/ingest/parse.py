@@ -12,7 +12,7 @@ from pydantic_core import ErrorDetails
 
 from ..errors import ApiError, FieldProblem
 from .fields import FLOAT_BRANCH, INT_BRANCH, MESSAGES
-from .schemas import SCHEMA_VERSION, IngestBatchIn
+from .schemas import SCHEMA_VERSION, HolderRefIn, IngestBatchIn
 
 MAX_PROBLEMS = 20
 _KEY_CHARS = 64
@@ -124,9 +124,10 @@ def parse_batch(raw: bytes) -> IngestBatchIn:
 
 
 def check_batch(batch: IngestBatchIn, *, now: datetime, max_future_skew_s: float, raw_retention_days: int) -> None:
-    """Rules that span fields: every sample names a device of this batch, no time is out of range. Interval starts
-    lie within the raw retention and at most `max_future_skew_s` ahead of `now`; event times only have the
-    future bound (events are kept for good), and the schema keeps every time from 2000 on."""
+    """Rules that span fields: every sample names a device of this batch and refers only to holders of this batch,
+    holder ids are unique, no time is out of range. Interval starts lie within the raw retention and at most
+    `max_future_skew_s` ahead of `now`; event times only have the future bound (events are kept for good), and the
+    schema keeps every time from 2000 on."""
     problems: list[FieldProblem] = []
     known: set[str] = set()
     for g, gpu in enumerate(batch.gpus):
@@ -141,6 +142,11 @@ def check_batch(batch: IngestBatchIn, *, now: datetime, max_future_skew_s: float
             problems.append(FieldProblem(f"gpus[{g}].slices", "two slices share a GPU-instance/compute-instance id"))
         if gpu.slices and not gpu.mig_mode:
             problems.append(FieldProblem(f"gpus[{g}].slices", "slices listed on a GPU whose mig_mode is false"))
+    ids: set[int] = set()
+    for h, holder in enumerate(batch.holders):
+        if holder.id in ids:
+            problems.append(FieldProblem(f"holders[{h}].id", f"holder id {holder.id} is used twice"))
+        ids.add(holder.id)
     latest = now + timedelta(seconds=max_future_skew_s)
     oldest = now - timedelta(days=raw_retention_days)
 
@@ -175,7 +181,23 @@ def check_batch(batch: IngestBatchIn, *, now: datetime, max_future_skew_s: float
                     FieldProblem(f"intervals[{i}].samples[{s}].uuid", f"{sample.uuid!r} sampled twice in one interval")
                 )
             seen.add(sample.uuid)
+            if sample.holders:
+                problems += _ref_problems(f"intervals[{i}].samples[{s}].holders", sample.holders, ids)
         if len(problems) >= MAX_PROBLEMS:
             break
     if problems:
         raise ApiError(422, "invalid batch", problems[:MAX_PROBLEMS])
+
+
+def _ref_problems(path: str, refs: list[HolderRefIn], ids: set[int]) -> list[FieldProblem]:
+    """A sample's holder references: each names a holder of the batch, and none twice (a holder's share of the
+    device's time would otherwise count twice)."""
+    problems: list[FieldProblem] = []
+    named: set[int] = set()
+    for r, ref in enumerate(refs):
+        if ref.ref not in ids:
+            problems.append(FieldProblem(f"{path}[{r}].ref", f"{ref.ref} is not the id of a holder in this batch"))
+        elif ref.ref in named:
+            problems.append(FieldProblem(f"{path}[{r}].ref", f"holder {ref.ref} is referred to twice in one sample"))
+        named.add(ref.ref)
+    return problems

@@ -34,6 +34,14 @@ from .fields import (
 SCHEMA_VERSION = 1
 INT4_MAX = 2**31 - 1
 """Largest value of a PostgreSQL `integer` column."""
+MAX_HOLDERS = 4096
+"""Holders described in one batch at most; also one more than the largest holder `id`."""
+SAMPLE_HOLDERS = 64
+"""Holders one sample refers to at most."""
+PID_MAX = 2**22
+"""Linux's largest `pid_max`."""
+UID_MAX = 2**32 - 2
+"""Largest Unix user id: 2^32 - 1 is (uid_t) -1, "no user"."""
 
 Percent = Annotated[float, Field(ge=0, le=100)]
 # Bounds go before WHOLE, which wraps them (fields.py).
@@ -133,6 +141,56 @@ class GpuIn(_In):
     )
 
 
+class HolderIn(_In):
+    """A process that holds a device, as the agent's host sees it in /proc (docs/ingest-protocol.md, "Holders").
+    Described once per batch; samples refer to it by `id`. A field the agent could not read is left out."""
+
+    id: Annotated[int, Field(ge=0, le=MAX_HOLDERS - 1), WHOLE] = Field(
+        description="The holder's number in this batch; unique within it, meaningless outside it."
+    )
+    pid: Annotated[int, Field(ge=1, le=PID_MAX), WHOLE] = Field(description="The host's process id.")
+    executable: Annotated[str, label(253, min_length=1)] | None = Field(
+        default=None, description="The executable's name as the kernel keeps it (/proc/<pid>/comm)."
+    )
+    uid: Annotated[int, Field(ge=0, le=UID_MAX), WHOLE] | None = Field(
+        default=None, description="The process's real Unix user id."
+    )
+    user: Annotated[str, label(253, min_length=1)] | None = Field(default=None, description="The host's name for uid.")
+    started_at: Timestamp | None = Field(
+        default=None, description="When the process started: RFC 3339, with seconds and an offset (UTC preferred)."
+    )
+    container_id: Annotated[str, label(128, min_length=1)] | None = Field(
+        default=None, description="The container the process runs in, from its cgroup."
+    )
+    pod_uid: Annotated[str, label(128, min_length=1)] | None = Field(
+        default=None, description="The Kubernetes pod's UID, from the process's cgroup."
+    )
+    namespace: Annotated[str, label(253, min_length=1)] | None = Field(
+        default=None, description="The Kubernetes pod's namespace."
+    )
+    pod: Annotated[str, label(253, min_length=1)] | None = Field(default=None, description="The Kubernetes pod's name.")
+    job_id: Annotated[str, label(128, min_length=1)] | None = Field(
+        default=None, description="The Slurm job id, from the process's cgroup."
+    )
+    job_step: Annotated[str, label(128, min_length=1)] | None = Field(
+        default=None, description="The Slurm step: a number, 'batch', 'extern' or 'interactive'."
+    )
+    command: Annotated[str, label(1024, min_length=1)] | None = Field(
+        default=None, description="The command line, its arguments separated by spaces."
+    )
+
+
+class HolderRefIn(_In):
+    """A sample's reference to one of its batch's holders, with the memory that process holds on the device."""
+
+    ref: Annotated[int, Field(ge=0, le=MAX_HOLDERS - 1), WHOLE] = Field(
+        description="The `id` of a holder in this batch's `holders`."
+    )
+    used_mib: MiB | None = Field(
+        default=None, description="Device memory the process holds on this device, MiB; null when the driver hides it."
+    )
+
+
 class SampleIn(_In):
     """One device over one interval. Absent figures are null, never 0."""
 
@@ -154,6 +212,11 @@ class SampleIn(_In):
         default=None, description="Volatile uncorrected ECC errors since the driver loaded, count."
     )
     procs_mem_mib: MiB | None = Field(default=None, description="Memory held by the device's compute processes, MiB.")
+    holders: list[HolderRefIn] = Field(
+        default_factory=list,
+        max_length=SAMPLE_HOLDERS,
+        description="The device's processes, as references into the batch's `holders`; each at most once.",
+    )
 
     @model_validator(mode="after")
     def _source_matches(self) -> SampleIn:
@@ -214,6 +277,11 @@ class IngestBatchIn(_In):
     agent: AgentIn = Field(default_factory=AgentIn)
     instance: InstanceIn
     gpus: list[GpuIn] = Field(max_length=64)
+    holders: list[HolderIn] = Field(
+        default_factory=list,
+        max_length=MAX_HOLDERS,
+        description="The processes the samples refer to, each described once; ids unique within the batch.",
+    )
     intervals: list[IntervalIn] = Field(max_length=1000)
     events: list[EventIn] = Field(default_factory=list, max_length=100)
 

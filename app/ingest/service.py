@@ -1,4 +1,4 @@
-"""Ingest one checked batch: idempotency, inventory, samples and rollups, events. The caller owns the
+"""Ingest one checked batch: idempotency, inventory, samples and rollups, holders, events. The caller owns the
 transaction (one per batch), so a batch that fails anywhere leaves no row behind."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from ..models import IngestBatch
 from ..sources import UTIL_SOURCES
+from ..store.holders import write_holders
 from ..store.inventory import (
     InventoryCache,
     InventoryResult,
@@ -105,6 +106,8 @@ def ingest_batch(
     # Samples whose device time is already counted (an overlapping interval, the same time under another batch
     # id) are left out, not refused: the answer counts the samples stored.
     stored = write_samples(session, rows, mem_held_mib=mem_held_mib).samples if rows else 0
+    if rows and batch.holders:
+        write_holders(session, batch, inventory.instance_pk)
     events = inventory.events + [
         {"ts": e.ts, "kind": e.kind, "instance_pk": inventory.instance_pk, "device_id": None, "details": e.details}
         for e in batch.events

@@ -2,11 +2,16 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from agent.batch import Batcher
+import pytest
+
+from agent.batch import MAX_HOLDERS, Batcher, build_batch
+from agent.collect.holders import Holder
 from agent.collect.model import GpuInfo, Interval, Reading, SliceInfo
 from agent.spool import Journal, Spool
 
@@ -111,3 +116,158 @@ def test_the_start_event_rides_with_the_first_intervals(tmp_path: Path) -> None:
     b.add(interval(1), INSTANCE, {})
     [doc] = sealed(b)
     assert doc["events"] == [start] and len(doc["intervals"]) == 2
+
+
+# --- holders -----------------------------------------------------------------------------------------------
+
+STARTED = 1_795_000_000.0  # 2026-11-18T11:06:40Z
+
+
+def holder(pid: int, used_mib: int | None = 1000, **context: str) -> Holder:
+    return Holder(pid, "python3", 1207, "mchen", STARTED + pid, used_mib, **context)
+
+
+def held(n: int, by_device: dict[str, tuple[Holder, ...]], gpus: tuple[GpuInfo, ...] | None = None) -> Interval:
+    """Interval `n` with the holders given per device UUID."""
+    iv = interval(n, gpus)
+    for reading in iv.readings:
+        reading.holders = by_device.get(reading.uuid, ())
+    return iv
+
+
+def test_a_holder_is_described_once_per_batch_and_referred_to_from_each_sample(tmp_path: Path) -> None:
+    gpus = layout("MIG-1", "MIG-2")
+    b = batcher(tmp_path, n=3)
+    job = holder(11, job_id="48213", job_step="0")
+    pod = holder(12, 500, container_id="c" * 64, pod_uid="u", namespace="inference", pod="vllm-0")
+    b.add(held(0, {"MIG-1": (job,)}, gpus), INSTANCE, {})
+    b.add(held(1, {"MIG-1": (replace(job, used_mib=1200),), "MIG-2": (pod,)}, gpus), INSTANCE, {})
+    b.add(held(2, {"MIG-1": (replace(job, used_mib=None),), "MIG-2": (pod,)}, gpus), INSTANCE, {})
+    [doc] = sealed(b)
+    assert doc["holders"] == [
+        {
+            "id": 0,
+            "pid": 11,
+            "executable": "python3",
+            "uid": 1207,
+            "user": "mchen",
+            "started_at": "2026-11-18T11:06:51Z",
+            "job_id": "48213",
+            "job_step": "0",
+        },
+        {
+            "id": 1,
+            "pid": 12,
+            "executable": "python3",
+            "uid": 1207,
+            "user": "mchen",
+            "started_at": "2026-11-18T11:06:52Z",
+            "container_id": "c" * 64,
+            "pod_uid": "u",
+            "namespace": "inference",
+            "pod": "vllm-0",
+        },
+    ]
+    refs = [{s["uuid"]: s.get("holders") for s in iv["samples"]} for iv in doc["intervals"]]
+    assert refs == [
+        {"GPU-a": None, "MIG-1": [{"ref": 0, "used_mib": 1000}], "MIG-2": None},
+        {"GPU-a": None, "MIG-1": [{"ref": 0, "used_mib": 1200}], "MIG-2": [{"ref": 1, "used_mib": 500}]},
+        {"GPU-a": None, "MIG-1": [{"ref": 0}], "MIG-2": [{"ref": 1, "used_mib": 500}]},
+    ]
+    assert list(doc) == ["schema_version", "batch_id", "agent", "instance", "gpus", "holders", "intervals", "events"]
+
+
+def test_each_batch_describes_its_holders_afresh(tmp_path: Path) -> None:
+    b = batcher(tmp_path, n=1)
+    b.add(held(0, {"GPU-a": (holder(1),)}), INSTANCE, {})
+    b.add(held(1, {"GPU-a": (holder(2), holder(1))}), INSTANCE, {})
+    first, second = sealed(b)
+    assert [h["pid"] for h in first["holders"]] == [1]
+    assert [h["pid"] for h in second["holders"]] == [2, 1]
+    assert second["intervals"][0]["samples"][0]["holders"] == [
+        {"ref": 0, "used_mib": 1000},
+        {"ref": 1, "used_mib": 1000},
+    ]
+
+
+def test_a_batch_without_holders_is_what_it_was() -> None:
+    doc = build_batch(batch_id="b", instance=INSTANCE, gpus=[], intervals=[], events=[], interval_s=10, holders=[])
+    assert "holders" not in doc
+
+
+def test_a_batch_describes_at_most_max_holders(tmp_path: Path) -> None:
+    b = batcher(tmp_path, n=10)
+    half = MAX_HOLDERS // 2
+    b.add(held(0, {"GPU-a": tuple(holder(pid) for pid in range(half))}), INSTANCE, {})
+    b.add(held(1, {"GPU-a": tuple(holder(pid) for pid in range(half, 2 * half))}), INSTANCE, {})
+    assert b.add(held(2, {"GPU-a": (holder(1), holder(2))}), INSTANCE, {}) == [], "nothing new: it fits"
+    assert len(b.add(held(3, {"GPU-a": (holder(1), holder(-1))}), INSTANCE, {})) == 1, "one more seals first"
+    b.flush()
+    full, rest = sealed(b)
+    assert len(full["holders"]) == MAX_HOLDERS and len(full["intervals"]) == 3
+    assert [h["pid"] for h in rest["holders"]] == [1, -1] and "errors" not in rest["agent"]
+
+    b = batcher(tmp_path / "one", n=10)
+    b.add(held(0, {"GPU-a": tuple(holder(pid) for pid in range(MAX_HOLDERS + 3))}), INSTANCE, {"x:y": 1})
+    b.flush()
+    [doc] = sealed(b)
+    assert len(doc["holders"]) == MAX_HOLDERS == len(doc["intervals"][0]["samples"][0]["holders"])
+    assert doc["agent"]["errors"] == {"x:y": 1, "holders:truncated": 3}
+
+
+def test_a_re_sealed_journal_gives_the_same_bytes(tmp_path: Path) -> None:
+    b = batcher(tmp_path, n=10)
+    b.add(held(0, {"GPU-a": (holder(1), holder(2, None))}), INSTANCE, {})
+    b.add(held(1, {"GPU-a": (holder(2, 300), holder(3))}), INSTANCE, {})
+    b.journal.close()
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    shutil.copy(tmp_path / "open.jsonl", copy / "open.jsonl")
+    b.flush()
+    again = batcher(copy, n=10)
+    assert again.recover() is not None  # the agent was killed with the same journal on disk
+    [first], [second] = [b.spool.pending()], [again.spool.pending()]
+    assert b.spool.read(first[0]) == again.spool.read(second[0])
+    [doc] = sealed(again)
+    assert [h["pid"] for h in doc["holders"]] == [1, 2, 3]
+    assert [[h["ref"] for h in iv["samples"][0]["holders"]] for iv in doc["intervals"]] == [[0, 1], [1, 2]]
+
+
+def test_a_description_lost_with_its_journal_line_takes_its_references_along(tmp_path: Path) -> None:
+    b = batcher(tmp_path, n=10)
+    b.add(held(0, {"GPU-a": (holder(1),)}), INSTANCE, {})
+    b.add(held(1, {"GPU-a": (holder(1), holder(2))}), INSTANCE, {})
+    b.add(held(2, {"GPU-a": (holder(2), holder(3))}), INSTANCE, {})
+    b.journal.close()
+    lines = (tmp_path / "open.jsonl").read_bytes().splitlines(keepends=True)
+    torn = [line if b'"holders":[{"id":1' not in line else line[:40] + b"\n" for line in lines]
+    (tmp_path / "open.jsonl").write_bytes(b"".join(torn))  # the interval that described holder 2 is torn
+    again = batcher(tmp_path, n=10)
+    again.recover()
+    [doc] = sealed(again)
+    assert [(h["id"], h["pid"]) for h in doc["holders"]] == [(0, 1), (1, 3)]
+    assert [iv["samples"][0].get("holders") for iv in doc["intervals"]] == [
+        [{"ref": 0, "used_mib": 1000}],
+        [{"ref": 1, "used_mib": 1000}],
+    ]
+
+
+def test_a_journal_write_that_failed_describes_its_holders_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    b = batcher(tmp_path, n=10)
+    b.add(held(0, {"GPU-a": (holder(1),)}), INSTANCE, {})
+    real_append = Journal.append
+
+    def full_disk(self: Journal, record: dict[str, Any]) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Journal, "append", full_disk)
+    with pytest.raises(OSError):
+        b.add(held(1, {"GPU-a": (holder(1), holder(2))}), INSTANCE, {})
+    monkeypatch.setattr(Journal, "append", real_append)
+    b.add(held(2, {"GPU-a": (holder(2),)}), INSTANCE, {})
+    b.flush()
+    [doc] = sealed(b)
+    assert [h["pid"] for h in doc["holders"]] == [1, 2]
+    assert doc["intervals"][1]["samples"][0]["holders"] == [{"ref": 1, "used_mib": 1000}]

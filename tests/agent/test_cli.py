@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
@@ -45,6 +46,60 @@ def test_once_prints_a_batch_the_server_accepts(env: dict[str, str]) -> None:
     assert len(batch.gpus) == 8 and len(batch.intervals) == 1
     assert batch.instance.instance_id == "test-host" and batch.instance.lifecycle == "on-prem"
     assert result.stderr == ""
+
+
+def holders_by_device(document: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Each sample's holders, described in full, by device UUID (devices without holders left out)."""
+    table = {h["id"]: h for h in document.get("holders", [])}
+    [interval] = document["intervals"]
+    return {
+        s["uuid"]: [{**table[ref["ref"]], **ref} for ref in s["holders"]] for s in interval["samples"] if "holders" in s
+    }
+
+
+def test_once_says_who_holds_each_gpu(env: dict[str, str]) -> None:
+    # A Tuesday at noon in UTC-5: p4d-train's job runs in office hours only.
+    result = agent(
+        "--fake-nvml", "p4d-train", "--fake-clock", "2026-11-24T17:00:00Z", "once", "--interval", "0.2", env=env
+    )
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    IngestBatchIn.model_validate(document)
+    held = holders_by_device(document)
+    assert set(held) == {g["uuid"] for g in document["gpus"]}
+    for [h] in held.values():
+        assert (h["user"], h["uid"], h["executable"], h["job_id"], h["job_step"]) == (
+            "mchen",
+            1207,
+            "python3",
+            "48213",
+            "0",
+        )
+        assert h["started_at"] == "2026-11-24T14:00:00Z" and "command" not in h and h["used_mib"] >= 30000
+
+    result = agent("--fake-nvml", "p5-inference", "once", "--interval", "0.2", env=env)
+    document = json.loads(result.stdout)
+    held = holders_by_device(document)
+    slices = {s["uuid"] for g in document["gpus"] for s in g["slices"]}
+    assert len(held) == 25 and set(held) <= slices, "the slices hold them, not their MIG-mode GPUs"
+    assert {(h["namespace"], h["executable"], h["pod"][:18]) for [h] in held.values()} == {
+        ("inference", "vllm", "vllm-llama-3-1-8b-")
+    }
+
+    env["GPUFLEET_AGENT_HOLDER_ARGS"] = "on"
+    result = agent("--fake-nvml", "g5-notebook", "once", "--interval", "0.2", env=env)
+    [[kernel]] = holders_by_device(json.loads(result.stdout)).values()
+    assert (kernel["user"], kernel["executable"], kernel["used_mib"]) == ("asmith", "python3", 9216)
+    assert kernel["command"].startswith("/home/asmith/.venv/bin/python3 -m ipykernel_launcher -f ")
+
+    env["GPUFLEET_AGENT_HOLDERS"] = "off"
+    result = agent("--fake-nvml", "g5-notebook", "once", "--interval", "0.2", env=env)
+    assert "holders" not in result.stdout
+
+
+def test_a_fake_clock_that_is_no_time_is_a_usage_error(env: dict[str, str]) -> None:
+    result = agent("--fake-nvml", "p4d-train", "--fake-clock", "noon", "once", env=env)
+    assert result.returncode == 2 and "expected a time like 2026-11-24T15:00:00Z, got 'noon'" in result.stderr
 
 
 def test_once_names_the_ec2_instance_from_imds(env: dict[str, str]) -> None:
@@ -92,6 +147,7 @@ def test_doctor_all_good(env: dict[str, str], live_server: LiveServer, sessions:
     assert any("driver 550.127.05" in line for line in lines)
     assert any("8 x NVIDIA H100 80GB HBM3; 8 in MIG mode with 24 slices" in line for line in lines)
     assert any("nvml.gpm on" in line for line in lines)
+    assert "ok    Holders: 20 of 20 processes described; users ubuntu" in lines
     assert "ok    Token: accepted for ingest" in lines
 
 
@@ -134,6 +190,7 @@ def test_doctor_with_imds_required_but_absent(env: dict[str, str]) -> None:
         ("GPUFLEET_AGENT_SERVER_URL", "gpufleet:8000", "GPUFLEET_AGENT_SERVER_URL: expected http(s)://host[:port]"),
         ("GPUFLEET_AGENT_IMDS", "maybe", "GPUFLEET_AGENT_IMDS: expected auto, on or off, got 'maybe'"),
         ("GPUFLEET_AGENT_BATCH_INTERVALS", "0", "GPUFLEET_AGENT_BATCH_INTERVALS: must be between 1 and 360, got 0"),
+        ("GPUFLEET_AGENT_HOLDERS", "maybe", "GPUFLEET_AGENT_HOLDERS: expected on or off, got 'maybe'"),
     ],
 )
 def test_bad_settings_are_one_line(env: dict[str, str], setting: str, value: str, message: str) -> None:
@@ -205,7 +262,7 @@ def test_a_misspelt_setting_is_refused(env: dict[str, str]) -> None:
 
 def test_an_unknown_scenario_is_a_usage_error(env: dict[str, str]) -> None:
     result = agent("--fake-nvml", "p9", "once", env=env)
-    assert result.returncode == 2 and "known: g5-batch, g5-forgotten, g5-idle, g6e-busy" in result.stderr
+    assert result.returncode == 2 and "known: g5-batch, g5-forgotten, g5-idle, g5-notebook, g6e-busy" in result.stderr
 
 
 def test_proxies_in_the_env_file_reach_a_shell_run(env: dict[str, str], tmp_path: Path) -> None:

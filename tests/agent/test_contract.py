@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import Engine, text
 
 from agent import fake_nvml
 from agent.batch import Batcher
@@ -22,9 +23,9 @@ SCENARIOS = sorted(set(fake_nvml.SCENARIOS) - {"no-driver"})
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_agent_batches_validate_and_are_stored(
-    scenario: str, client: TestClient, ingest_token: str, tmp_path: Path
+    scenario: str, client: TestClient, engine: Engine, ingest_token: str, tmp_path: Path
 ) -> None:
-    host = Host(scenario)
+    host = Host(scenario, simulated_holders=True)
     identity = Identity(
         instance_id=f"i-{scenario}",
         instance_type="p4d.24xlarge",
@@ -44,6 +45,9 @@ def test_agent_batches_validate_and_are_stored(
     assert body is not None
     document = json.loads(gzip.decompress(body))
     IngestBatchIn.model_validate(document)
+    table = document.get("holders", [])
+    refs = {h["ref"] for iv in document["intervals"] for s in iv["samples"] for h in s.get("holders", ())}
+    assert refs == set(range(len(table))), "every holder described is referred to, and only those"
 
     answer = client.post(
         "/api/v1/ingest",
@@ -56,3 +60,7 @@ def test_agent_batches_validate_and_are_stored(
     )
     assert answer.status_code == 200, answer.text
     assert answer.json() == {"status": "stored", "batch_id": document["batch_id"], "samples": readings}
+    # One holders row per process: its pid and start, or its pid and executable when the start is unknown.
+    processes = {(h["pid"], h.get("started_at") or h.get("executable")) for h in table}
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM holders")).scalar_one() == len(processes)

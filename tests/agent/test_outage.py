@@ -56,6 +56,7 @@ def test_every_interval_arrives_exactly_once_across_an_outage_and_a_kill(
         "GPUFLEET_AGENT_HOST_ID": "outage-host",
         "GPUFLEET_AGENT_FAKE_NVML": "p4d-mig",
         "GPUFLEET_AGENT_LOG_LEVEL": "debug",
+        "TMPDIR": str(tmp_path),  # the simulated host's /proc tree: a killed agent cannot remove it
     }
     (tmp_path / "agent.env").write_text("# settings come from the environment in this test\n")
     spool = tmp_path / "state" / "spool"

@@ -3,21 +3,23 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
+import pynvml
 import pytest
 
 from agent import fake_nvml
 from agent.collect import Collector
-from agent.config import AgentConfig
+from agent.config import AgentConfig, ConfigError, load_config
 from agent.doctor import _spool_check
 from agent.identify import IdentityResolver
 from agent.nvml import Nvml
-from agent.run import Agent
+from agent.run import Agent, holder_reader
 from agent.send import Poster
 
 from .receiver import Receiver
@@ -141,3 +143,59 @@ def test_a_batch_set_aside_is_reported_in_a_later_batch_and_by_doctor(tmp_path: 
     assert agent.spool.events() == [], "journaled once"
     check = _spool_check(config)
     assert check.status == "warn" and "1 set aside after repeated server errors" in check.message
+
+
+def test_holders_follow_the_settings_and_a_simulated_host_has_its_own_proc(tmp_path: Path) -> None:
+    lib = fake_nvml.load("g5-notebook")
+    [pid] = [p.pid for g in lib._gpus for p in g.procs]
+    assert holder_reader(AgentConfig(holders=False), lib) is None
+    reader = holder_reader(AgentConfig(), lib)
+    assert reader is not None and not reader.with_args
+    assert reader.proc_root == lib.proc_tree().proc_root != Path("/proc")
+    found = reader.read(pid, 9216)
+    assert found is not None and (found.user, found.executable, found.command) == ("asmith", "python3", None)
+
+    mine = holder_reader(AgentConfig(proc_root=tmp_path / "host-proc", holder_args=True), lib)
+    assert mine is not None and mine.with_args
+    assert (mine.proc_root, mine.pods_root) == (tmp_path / "host-proc", Path("/var/log/pods")), "set roots win"
+    real = holder_reader(AgentConfig(), pynvml)
+    assert real is not None and (real.proc_root, real.pods_root) == (Path("/proc"), Path("/var/log/pods"))
+
+
+def test_holder_settings_are_switches(tmp_path: Path) -> None:
+    config = load_config(
+        {
+            "GPUFLEET_AGENT_HOLDERS": "off",
+            "GPUFLEET_AGENT_HOLDER_ARGS": "Yes",
+            "GPUFLEET_AGENT_PROC_ROOT": "/host/proc",
+            "GPUFLEET_AGENT_PODS_ROOT": "/host/var/log/pods",
+        },
+        config_file=Path(os.devnull),
+    )
+    assert (config.holders, config.holder_args) == (False, True)
+    assert (config.proc_root, config.pods_root) == (Path("/host/proc"), Path("/host/var/log/pods"))
+    defaults = load_config({}, config_file=Path(os.devnull))
+    assert (defaults.holders, defaults.holder_args, defaults.proc_root) == (True, False, Path("/proc"))
+    with pytest.raises(ConfigError, match="GPUFLEET_AGENT_HOLDER_ARGS: expected on or off, got 'sometimes'"):
+        load_config({"GPUFLEET_AGENT_HOLDER_ARGS": "sometimes"}, config_file=Path(os.devnull))
+
+
+def test_the_service_sends_who_holds_each_gpu(tmp_path: Path) -> None:
+    config = AgentConfig(state_dir=tmp_path, interval_s=0.05, batch_intervals=1000, imds="off", host_id="h")
+    agent = Agent(config, Nvml.open(fake_nvml.load("g5-notebook")), IdentityResolver(config))
+    stop = threading.Event()
+    worker = threading.Thread(target=agent.run, args=(stop,))
+    worker.start()
+    _wait_for(lambda: agent.intervals >= 3)
+    stop.set()
+    worker.join(10)
+    [sealed] = agent.spool.pending()
+    body = agent.spool.read(sealed)
+    assert body is not None
+    doc = json.loads(gzip.decompress(body))
+    [described] = doc["holders"]
+    assert (described["id"], described["user"], described["executable"]) == (0, "asmith", "python3")
+    assert "command" not in described
+    refs = [s["holders"] for iv in doc["intervals"] for s in iv["samples"]]
+    assert len(refs) == len(doc["intervals"]) >= 3 and all(r == [{"ref": 0, "used_mib": 9216}] for r in refs)
+    assert "errors" not in doc["agent"]

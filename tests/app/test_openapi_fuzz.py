@@ -302,6 +302,25 @@ def _fix_sample(sample: dict[str, Any], free: list[str], rnd: random.Random) -> 
     return True
 
 
+def _fix_refs(sample: dict[str, Any], ids: list[int]) -> None:
+    """Make `sample`'s holder references name holders of the batch, each once."""
+    refs = sample.get("holders")
+    if not isinstance(refs, list):
+        return
+    named: set[int] = set()
+    kept = []
+    for ref in refs:
+        if isinstance(ref, dict) and isinstance(ref.get("ref"), int) and not isinstance(ref["ref"], bool):
+            if not ids:
+                continue
+            ref["ref"] = ids[ref["ref"] % len(ids)]
+            if ref["ref"] in named:
+                continue
+            named.add(ref["ref"])
+        kept.append(ref)
+    sample["holders"] = kept
+
+
 def _ints(value: Any) -> Any:
     """Whole numbers written as 1.0 made plain integers: JSON Schema counts 1.0 as an integer, the server not."""
     if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
@@ -316,11 +335,18 @@ def _ints(value: Any) -> Any:
 def fix_batch(body: dict[str, Any], rnd: random.Random, now: datetime) -> None:
     """Rewrite valid values of a generated batch into other valid values so that it meets the rules spanning
     fields (app/ingest/parse.py check_batch, SampleIn): a fresh batch id, devices listed once, slices only on MIG
-    GPUs, intervals and events in the last hour, each sample naming a device of the batch once per interval."""
+    GPUs, intervals and events in the last hour, each sample naming a device of the batch once per interval, holder
+    ids numbered in order and each sample's references naming them, each once."""
     body.update(_ints(body))
     if isinstance(body.get("batch_id"), str):
         body["batch_id"] = str(uuid.UUID(int=rnd.getrandbits(128), version=4))
     known = _devices(body.get("gpus"))
+    holders = body.get("holders")
+    ids: list[int] = []
+    for h, holder in enumerate(holders if isinstance(holders, list) else []):
+        if isinstance(holder, dict) and isinstance(holder.get("id"), int) and not isinstance(holder["id"], bool):
+            holder["id"] = h
+            ids.append(h)
     events = body.get("events")
     for event in events if isinstance(events, list) else []:
         if isinstance(event, dict) and isinstance(event.get("ts"), str):
@@ -338,6 +364,9 @@ def fix_batch(body: dict[str, Any], rnd: random.Random, now: datetime) -> None:
             interval["samples"] = [
                 s for s in interval["samples"] if not isinstance(s, dict) or _fix_sample(s, free, rnd)
             ]
+            for sample in interval["samples"]:
+                if isinstance(sample, dict):
+                    _fix_refs(sample, ids)
 
 
 def _prepare_batch(case: Any, mode: GenerationMode, rnd: random.Random, published: Published) -> None:

@@ -1,13 +1,18 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
 
 import pynvml
 import pytest
 
 from agent.collect import Interval
+from agent.collect.holders import SAMPLE_HOLDERS, Holder, HolderReader
 
 from .conftest import Host
+from .test_holders import CID, POD, V1_DOCKER, V2_KUBEPODS_SYSTEMD, V2_SLURM, Proc, names
 
 
 def test_memory_uses_v2_so_reserved_memory_is_not_counted(host: Callable[[str], Host]) -> None:
@@ -139,3 +144,122 @@ def test_a_lost_gpu_is_reported_and_the_rest_go_on(host: Callable[[str], Host]) 
     assert interval.gpus[5].util_unavailable_reason == "gpu_lost"
     assert set(h.reading(interval, interval.gpus[5].uuid)) == {"uuid", "util_source"}
     assert all("util" in h.reading(interval, g.uuid) for g in interval.gpus if g.index != 5)
+
+
+# --- holders -----------------------------------------------------------------------------------------------
+
+
+def proc_tree(tmp_path: Path) -> tuple[Proc, HolderReader]:
+    """A /proc tree of the test's own in a temporary folder, and a reader of it."""
+    proc = Proc(tmp_path / "proc")
+    (tmp_path / "pods").mkdir()
+    return proc, HolderReader(proc.root, tmp_path / "pods", user_of=names)
+
+
+def holders_of(interval: Interval, uuid: str) -> tuple[Holder, ...]:
+    [reading] = [r for r in interval.readings if r.uuid == uuid]
+    return reading.holders
+
+
+def test_holders_are_read_on_slices_and_whole_gpus_never_on_a_mig_parent(tmp_path: Path) -> None:
+    proc, reader = proc_tree(tmp_path)
+    proc.add(4242, comm="python3", uid=1000, cgroup=V1_DOCKER)  # cgroup v1
+    proc.add(4343, comm="vllm", uid=0, cgroup=V2_KUBEPODS_SYSTEMD)  # cgroup v2
+    (tmp_path / "pods" / f"serve_vllm-0_{POD}").mkdir()
+    h = Host("p4d-mig", holders=reader)
+    scenario_procs = sum(len(g.procs) for g in h.lib._gpus)
+    h.lib.add_process(4, 4242, 20_000)
+    h.lib.add_process(1, 4343, 1_000, slice_index=2)
+    interval = h.interval()
+    gpu1, gpu4 = interval.gpus[1], interval.gpus[4]
+    [whole] = holders_of(interval, gpu4.uuid)
+    assert (whole.pid, whole.executable, whole.user, whole.container_id, whole.used_mib) == (
+        4242,
+        "python3",
+        "alice",
+        CID,
+        20_000,
+    )
+    [on_slice] = holders_of(interval, gpu1.slices[2].uuid)
+    assert (on_slice.pid, on_slice.user, on_slice.namespace, on_slice.pod, on_slice.used_mib) == (
+        4343,
+        "root",
+        "serve",
+        "vllm-0",
+        1_000,
+    )
+    assert h.reading(interval, gpu1.uuid)["procs"] == 4, "the MIG parent counts its slices' processes"
+    assert holders_of(interval, gpu1.uuid) == (), "but they are the slices' holders, not the parent's"
+    assert sum(len(r.holders) for r in interval.readings) == 2
+    # The scenario's own processes have no entry in this tree: to the agent they have exited.
+    assert h.nvml.take_errors() == {"holders:exited": scenario_procs}
+
+
+def test_a_process_gone_from_proc_is_no_holder_and_raises_nothing(tmp_path: Path) -> None:
+    proc, reader = proc_tree(tmp_path)
+    h = Host("g5-idle", holders=reader)
+    h.lib.add_process(0, 777, 500)  # NVML lists it; /proc has no entry
+    interval = h.interval()
+    uuid = interval.gpus[0].uuid
+    assert h.reading(interval, uuid)["procs"] == 1 and holders_of(interval, uuid) == ()
+    assert "holders" not in interval.readings[0].to_wire(lambda holder: 0)
+    assert h.nvml.take_errors() == {"holders:exited": 1}
+    proc.add(777, cgroup=V2_SLURM)
+    [holder] = holders_of(h.interval(), uuid)
+    assert (holder.job_id, holder.job_step) == ("12345", "batch")
+
+
+def test_without_holder_args_no_command_line_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    opened: list[str] = []
+    real_open = os.open
+
+    def recording(path: str, flags: int, *args: int, **kwargs: int) -> int:
+        opened.append(path)
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", recording)
+    proc, reader = proc_tree(tmp_path)
+    proc.add(31, cmdline=b"python3\0train.py\0--token\0s3cr3t\0")
+    h = Host("g5-idle", holders=reader)
+    h.lib.add_process(0, 31, 100)
+    [holder] = holders_of(h.interval(), h.lib._gpus[0].uuid)
+    assert holder.command is None and holder.executable == "python3"
+    assert any(p.endswith("/31/stat") for p in opened) and not any(p.endswith("cmdline") for p in opened)
+
+    h = Host("g5-idle", holders=HolderReader(proc.root, tmp_path / "pods", user_of=names, with_args=True))
+    h.lib.add_process(0, 31, 100)
+    [holder] = holders_of(h.interval(), h.lib._gpus[0].uuid)
+    assert holder.command == "python3 train.py --token s3cr3t"
+
+
+def test_a_crowded_device_lists_the_holders_of_the_most_memory(tmp_path: Path) -> None:
+    proc, reader = proc_tree(tmp_path)
+    h = Host("p5", holders=reader)
+    for i in range(SAMPLE_HOLDERS + 6):
+        proc.add(5000 + i)
+        h.lib.add_process(6, 5000 + i, 100 + i)  # GPU 6 runs nothing else
+    interval = h.interval()
+    listed = holders_of(interval, interval.gpus[6].uuid)
+    assert [x.pid for x in listed] == [5000 + i for i in range(SAMPLE_HOLDERS + 5, 5, -1)]
+    assert h.reading(interval, interval.gpus[6].uuid)["procs"] == SAMPLE_HOLDERS + 6
+    assert h.nvml.take_errors()["holders:truncated"] == 6
+
+
+WORK_HOURS = datetime(2026, 11, 24, 17, 0, tzinfo=UTC).timestamp()  # a Tuesday, noon in UTC-5
+
+
+def test_simulated_hosts_say_who_holds_their_gpus() -> None:
+    h = Host("p4d-train", simulated_holders=True, start=WORK_HOURS)
+    interval = h.interval()
+    train = [holders_of(interval, g.uuid) for g in interval.gpus]
+    assert all(len(x) == 1 for x in train)
+    assert {(x[0].user, x[0].uid, x[0].executable, x[0].job_id) for x in train} == {("mchen", 1207, "python3", "48213")}
+    assert h.nvml.take_errors() == {}
+
+    h = Host("p5-inference", simulated_holders=True)
+    interval = h.interval()
+    assert all(holders_of(interval, g.uuid) == () for g in interval.gpus)
+    pods = [x for g in interval.gpus for s in g.slices for x in holders_of(interval, s.uuid)]
+    assert len(pods) == 25 and len({x.pod for x in pods}) == 25
+    assert all(x.namespace == "inference" and (x.pod or "").startswith("vllm-") for x in pods)
+    assert h.nvml.take_errors() == {}

@@ -1,5 +1,6 @@
 """Partition upkeep: days made ahead and behind, expired days and months dropped whole. The daily tables
-(samples and the 5-minute rollups) have the same days."""
+(samples and the 5-minute rollups) have the same days, the monthly tables (device and holder hourly rollups) the same
+months."""
 
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ def test_expired_partitions_are_dropped(engine: Engine) -> None:
     assert f"samples_p{old_day:%Y%m%d}" in dropped
     assert f"rollups_5m_p{old_day:%Y%m%d}" in dropped
     assert f"rollups_hourly_p{old_month:%Y%m}" in dropped
+    assert f"holder_rollups_hourly_p{old_month:%Y%m}" in dropped
     with engine.connect() as conn:
         days, months = existing(conn)
         assert conn.execute(text("SELECT count(*) FROM samples")).scalar_one() == 0
@@ -70,6 +72,23 @@ def test_upkeep_is_idempotent(engine: Engine) -> None:
     _upkeep(engine, now)
     created, dropped = _upkeep(engine, now)
     assert created == [] and dropped == []
+
+
+def test_a_month_missing_one_monthly_table_gets_it(engine: Engine) -> None:
+    """As a day: a month counts as made only when every monthly table has it, so a table newer than the month's
+    partitions gets them at the next pass."""
+    now = datetime.now(UTC)
+    _upkeep(engine, now)
+    month = now.date().replace(day=1)
+    with engine.begin() as conn:
+        conn.execute(text(f"DROP TABLE holder_rollups_hourly_p{month:%Y%m}"))
+        _days, months = existing(conn)
+    assert month not in months
+    created, _dropped = _upkeep(engine, now)
+    assert created and all(d.replace(day=1) == month for d in created)
+    with engine.connect() as conn:
+        _days, months = existing(conn)
+    assert month in months
 
 
 def test_a_day_missing_one_daily_table_gets_it(engine: Engine) -> None:
