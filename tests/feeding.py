@@ -50,10 +50,12 @@ class Feeder:
         hours: float,
         step_s: float = 60.0,
         fn: SampleFn | dict[str, SampleFn] = idle,
+        holders: list[dict[str, Any]] | None = None,
         **instance: Any,
     ) -> None:
         """Post one sample per device every `step_s` over [start, start + hours); `fn` may be per device uuid.
-        A function returning None leaves that device out of that interval."""
+        A function returning None leaves that device out of that interval. `holders` is every batch's holders
+        table (docs/ingest-protocol.md, "Holders"), which samples may refer to."""
         devices = [g["uuid"] for g in gpus] + [s["uuid"] for g in gpus for s in g["slices"]]
         n = round(hours * 3600 / step_s)
         done = 0
@@ -72,6 +74,8 @@ class Feeder:
                         samples.append(s)
                 iv["samples"] = samples
             b["intervals"] = [iv for iv in b["intervals"] if iv["samples"]]
+            if holders:
+                b["holders"] = holders
             if b["intervals"]:
                 r = self.client.post(
                     "/api/v1/ingest",

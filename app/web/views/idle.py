@@ -19,6 +19,7 @@ from .common import (
     paginate,
     sort_rows,
 )
+from .holders import HolderView, holders_by_device
 from .inputs import PageInputs
 
 
@@ -45,6 +46,8 @@ class IdleRow:
     """Cost of the stretch so far, USD; None without a price."""
     usd_per_day: float | None
     """Cost per day while it stays idle, USD/day."""
+    holders: list[HolderView]
+    """Who holds it now: the processes of its newest sample (an idle-held GPU has some)."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,7 @@ _COLUMNS: dict[str, Callable[[IdleGpu], Any]] = {
 }
 
 
-def _row(g: IdleGpu) -> IdleRow:
+def _row(g: IdleGpu, holders: dict[int, list[HolderView]]) -> IdleRow:
     latest = g.latest
     return IdleRow(
         InstanceRef.of(g.gpu.instance),
@@ -94,6 +97,7 @@ def _row(g: IdleGpu) -> IdleRow:
         g.usd_per_hour,
         g.burned_usd,
         g.usd_per_day,
+        holders.get(g.gpu.pk, []),
     )
 
 
@@ -104,6 +108,7 @@ def build_idle(p: PageInputs) -> IdleView:
     idle = idle_gpus(p.session, fleet, latest, now=p.now, thresholds=p.thresholds)
     ordered, sort = sort_rows(idle, _COLUMNS, q.sort, q.dir, "burned")
     shown, pager = paginate(ordered, q.page)
+    holders = holders_by_device(p.session, [g.gpu.pk for g in shown])
     return IdleView(
         window=WindowView.of(q.window),
         filters=FilterView.of(q.filters),
@@ -113,7 +118,7 @@ def build_idle(p: PageInputs) -> IdleView:
         burned_usd=sum(g.burned_usd or 0.0 for g in idle),
         usd_per_day=sum(g.usd_per_day or 0.0 for g in idle),
         unpriced=sum(1 for g in idle if g.usd_per_hour is None),
-        rows=[_row(g) for g in shown],
+        rows=[_row(g, holders) for g in shown],
         pager=pager,
         sorting=Sorting(sort, q.dir),
     )

@@ -16,6 +16,7 @@ from ...analyse.states import OFFLINE, UNKNOWN, UNPARTITIONED
 from ...analyse.waste import analyse_waste
 from ..charts import MigSlot
 from .common import FiguresView, FilterView, InstanceRef, PagerView, ThresholdView, WindowView, paginate
+from .holders import HolderView, holders_by_device
 from .inputs import PageInputs
 
 TOP_MIG = 50
@@ -70,6 +71,8 @@ class MigSliceView:
     """Mean utilization over the window, %; None when it reports none (A100 slices)."""
     underuse_reason: str
     """Why it is under-used over the window; empty when it is not."""
+    holders: list[HolderView]
+    """Who holds it now."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,8 @@ class UnderusedRow:
     """Cost of its time with no process, USD; None without a price or a known size."""
     usd_per_hour: float | None
     """What it costs per hour, USD/h."""
+    holders: list[HolderView]
+    """Who holds it now."""
 
 
 @dataclass(frozen=True)
@@ -191,7 +196,7 @@ def layout_slots(v: MigGpuView) -> list[MigSlot]:
     return slots
 
 
-def _layout(v: MigGpuView) -> MigLayoutView:
+def _layout(v: MigGpuView, holders: dict[int, list[HolderView]]) -> MigLayoutView:
     # Built as MigSlot first: it checks that every block fits the 7 columns.
     slots = [MigSlotView(s.start, s.size, s.label, s.state, s.detail) for s in layout_slots(v)]
     slices = [
@@ -202,6 +207,7 @@ def _layout(v: MigGpuView) -> MigLayoutView:
             s.state,
             s.unit.avg_util if s.unit is not None else None,
             s.reason,
+            holders.get(s.slice.pk, []),
         )
         for s in v.slots
     ]
@@ -217,7 +223,7 @@ def _layout(v: MigGpuView) -> MigLayoutView:
     )
 
 
-def _underused(s: UnderusedSlice) -> UnderusedRow:
+def _underused(s: UnderusedSlice, holders: dict[int, list[HolderView]]) -> UnderusedRow:
     unit = s.unit
     priced = unit.usd_per_hour is not None
     return UnderusedRow(
@@ -232,6 +238,7 @@ def _underused(s: UnderusedSlice) -> UnderusedRow:
         cost_usd=unit.figures().cost if priced else None,
         no_process_cost_usd=s.no_process_cost,
         usd_per_hour=unit.usd_per_hour,
+        holders=holders.get(s.slot.slice.pk, []),
     )
 
 
@@ -251,16 +258,19 @@ def build_mig(p: PageInputs) -> MigView:
     free = unpartitioned(gpus)
     underused = underused_slices(gpus)
     shown, pager = paginate(gpus, q.page)
+    top = underused[:TOP_MIG]
+    slice_ids = {s.slice.pk for v in shown for s in v.slots} | {s.slot.slice.pk for s in top}
+    holders = holders_by_device(p.session, sorted(slice_ids))
     return MigView(
         window=WindowView.of(q.window),
         filters=FilterView.of(q.filters),
         thresholds=ThresholdView.of(p.thresholds),
         no_agents=fleet.total_instances == 0,
         mig_gpus=len(gpus),
-        gpus=[_layout(v) for v in shown],
+        gpus=[_layout(v, holders) for v in shown],
         pager=pager,
         underused_count=len(underused),
-        underused=[_underused(s) for s in underused[:TOP_MIG]],
+        underused=[_underused(s, holders) for s in top],
         free_count=len(free),
         free=[_free(v) for v in free[:TOP_MIG]],
         free_unknown_count=sum(1 for v in gpus if v.free_unknown and not v.offline),

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -9,6 +12,21 @@ from app.web.templating import usd
 from tests.app.web.views.pages import fragment, get_html, get_json, recent_start
 from tests.factories import gpu
 from tests.feeding import Feeder, busy, held, idle
+
+NOTEBOOK = {
+    "id": 0,
+    "pid": 31337,
+    "executable": "<script>alert(1)</script>",
+    "uid": 1003,
+    "user": "asmith",
+    "started_at": "2026-11-20T08:00:00Z",
+    "namespace": "research",
+    "pod": "jupyter-asmith",
+}
+
+
+def held_by_notebook(uid: str, t: datetime) -> dict[str, Any]:
+    return {**held(uid, t), "holders": [{"ref": 0, "used_mib": 30000}]}
 
 
 @pytest.fixture
@@ -28,8 +46,9 @@ def idle_fleet(feeder: Feeder) -> None:
         start=start,
         hours=3,
         step_s=60,
-        fn={"GPU-b": held, "GPU-c": busy(70)},
+        fn={"GPU-b": held_by_notebook, "GPU-c": busy(70)},
         instance_id="i-b",
+        holders=[NOTEBOOK],
     )
 
 
@@ -46,6 +65,19 @@ def test_idle_gpus_as_json_match_the_page(client: TestClient, idle_fleet: None) 
     held_row = rows[0]
     assert held_row["state"] == "idle-held" and held_row["instance"]["instance_id"] == "i-b"
     assert held_row["usd_per_day"] == pytest.approx(held_row["usd_per_hour"] * 24)
+
+
+def test_an_idle_held_gpu_names_who_holds_it(client: TestClient, idle_fleet: None) -> None:
+    rows = {r["gpu_uuid"]: r for r in get_json(client, "/gpus/idle")["rows"]}
+    [holder] = rows["GPU-b"]["holders"]
+    assert (holder["user"], holder["pid"], holder["used_mib"]) == ("asmith", 31337, 30000)
+    assert (holder["namespace"], holder["pod"]) == ("research", "jupyter-asmith")
+    assert rows["GPU-a"]["holders"] == []  # idle with no process: nobody holds it
+    doc = get_html(client, "/gpus/idle")
+    [line] = doc.select('tr[data-gpu="GPU-b"] .holder')
+    # The agent's strings are shown as text, never as markup.
+    assert line.get_text(" ", strip=True).startswith("asmith · <script>alert(1)</script> · research/jupyter-asmith")
+    assert doc.select("script") == [s for s in doc.select("script") if "alert" not in s.get_text()]
 
 
 def test_idle_json_follows_sort_and_filters(client: TestClient, idle_fleet: None) -> None:

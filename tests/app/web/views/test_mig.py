@@ -3,6 +3,7 @@ made from the view's slots and never travels in the JSON."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -27,8 +28,19 @@ def fleet(feeder: Feeder) -> None:
         slices=[mig_slice(1, "3g.20gb", uid="MIG-a"), mig_slice(2, "2g.10gb", uid="MIG-b")],
         unpartitioned=2,
     )
+    pod = {"id": 0, "pid": 977, "executable": "vllm", "uid": 0, "user": "root", "namespace": "inference",
+           "pod": "vllm-0", "container_id": "c0ffee" * 10 + "abcd"}  # fmt: skip
+
+    def held_by_pod(uid: str, t: datetime) -> dict[str, Any]:
+        return {**held(uid, t), "holders": [{"ref": 0, "used_mib": 9000}]}
+
     feeder.feed(
-        [node], start=start, hours=2, fn={"GPU-mig": unknown, "MIG-a": unknown, "MIG-b": held}, instance_id="i-mig"
+        [node],
+        start=start,
+        hours=2,
+        fn={"GPU-mig": unknown, "MIG-a": unknown, "MIG-b": held_by_pod},
+        instance_id="i-mig",
+        holders=[pod],
     )
     feeder.feed([gpu(0, uid="GPU-busy")], start=start, hours=2, fn=busy(85), instance_id="i-busy")
 
@@ -153,3 +165,15 @@ def test_bad_parameter_is_400_naming_it(client: TestClient, engine: Any, query: 
 def test_json_without_agents_says_so(client: TestClient, engine: Any) -> None:
     data = get_json(client, "/mig")
     assert data["no_agents"] is True and data["gpus"] == [] and data["mig_gpus"] == 0
+
+
+def test_slices_name_who_holds_them(client: TestClient, fleet: None) -> None:
+    data = get_json(client, "/mig?window=24h")
+    [layout] = data["gpus"]
+    holders = {s["gpu_instance_id"]: s["holders"] for s in layout["slices"]}
+    assert holders[1] == [] and [h["pod"] for h in holders[2]] == ["vllm-0"]
+    [row] = [r for r in data["underused"] if r["gpu_instance_id"] == 2]
+    [holder] = row["holders"]
+    assert (holder["namespace"], holder["container"], holder["used_mib"]) == ("inference", "c0ffeec0ffee", 9000)
+    line = get_html(client, "/mig?window=24h").select_one('#underused tr[data-gi="2"] .holder')
+    assert line is not None and line.get_text(" ", strip=True).startswith("root · vllm · inference/vllm-0 · 8.8 GiB")
