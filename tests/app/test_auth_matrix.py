@@ -204,6 +204,10 @@ def test_without_credentials(anon: TestClient, endpoint: Endpoint) -> None:
         htmx = call(anon, endpoint, **{"HX-Request": "true"})
         assert htmx.status_code == 401
         assert htmx.headers["HX-Redirect"].startswith("/login")
+        # A page asked for its JSON answers as the API does: 401 with the error shape, no redirect.
+        data = call(anon, endpoint, Accept="application/json")
+        assert data.status_code == 401 and data.headers["content-type"].startswith("application/json")
+        assert data.json()["error"]
 
 
 @pytest.mark.parametrize("endpoint", PROTECTED, ids=str)

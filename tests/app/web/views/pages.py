@@ -36,3 +36,13 @@ def fragment(client: TestClient, url: str) -> BeautifulSoup:
     doc = get_html(client, url, **{"HX-Request": "true"})
     assert doc.select_one("html") is None and doc.select_one("nav.nav") is None
     return doc
+
+
+def assert_bad_parameter(client: TestClient, url: str, param: str) -> None:
+    """`url` names a parameter the page cannot use: 400 naming `param`, as the API's JSON error and as an error
+    page."""
+    body = get_json(client, url, status=400)
+    assert body["error"] and [d["field"] for d in body["detail"]] == [param]
+    r = client.get(url)
+    assert r.status_code == 400 and r.headers["content-type"].startswith("text/html")
+    assert BeautifulSoup(r.text, "html.parser").select_one(".error")["data-param"] == param

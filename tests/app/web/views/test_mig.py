@@ -11,7 +11,7 @@ from bs4 import BeautifulSoup
 from fastapi.testclient import TestClient
 
 from app.web.templating import DASH, pct, usd, usd_rate
-from tests.app.web.views.pages import JSON, get_html, get_json, recent_start
+from tests.app.web.views.pages import assert_bad_parameter, get_html, get_json, recent_start
 from tests.factories import gpu, mig_slice, unsized_slice
 from tests.feeding import Feeder, busy, held, idle, unknown
 
@@ -142,24 +142,9 @@ def test_unknown_sizes_are_unknown_in_json_and_html(client: TestClient, gaps: No
     assert doc.select_one(".note.unsized") is not None
 
 
-def test_json_without_credentials_is_401_and_html_goes_to_login(client: TestClient, engine: Any) -> None:
-    client.headers.pop("Authorization", None)
-    r = client.get("/mig", headers=JSON, follow_redirects=False)
-    assert r.status_code == 401 and r.headers["content-type"].startswith("application/json")
-    assert r.json()["error"]
-    r = client.get("/mig", follow_redirects=False)
-    assert r.status_code == 303 and r.headers["location"].startswith("/login")
-
-
 @pytest.mark.parametrize(("query", "param"), [("page=two", "page"), ("dir=sideways", "dir"), ("window=2w", "window")])
 def test_bad_parameter_is_400_naming_it(client: TestClient, engine: Any, query: str, param: str) -> None:
-    r = client.get(f"/mig?{query}", headers=JSON)
-    assert r.status_code == 400 and r.headers["content-type"].startswith("application/json")
-    body = r.json()
-    assert body["error"] and [d["field"] for d in body["detail"]] == [param]
-    r = client.get(f"/mig?{query}")
-    assert r.status_code == 400 and r.headers["content-type"].startswith("text/html")
-    assert BeautifulSoup(r.text, "html.parser").select_one(".error")["data-param"] == param
+    assert_bad_parameter(client, f"/mig?{query}", param)
 
 
 def test_json_without_agents_says_so(client: TestClient, engine: Any) -> None:

@@ -9,7 +9,7 @@ from bs4 import BeautifulSoup, Tag
 from fastapi.testclient import TestClient
 
 from app.web.templating import DASH, num, pct, usd
-from tests.app.web.views.pages import JSON, get_html, get_json, recent_start
+from tests.app.web.views.pages import assert_bad_parameter, get_html, get_json, recent_start
 from tests.factories import gpu
 from tests.feeding import Feeder, busy, idle
 
@@ -141,27 +141,12 @@ def test_a_tag_no_instance_has_stays_chosen(client: TestClient, fleet: None) -> 
     assert doc.select_one("select[name=group_by] option[selected]")["value"] == "tag:cost-centre"
 
 
-def test_json_without_credentials_is_401_and_html_goes_to_login(client: TestClient, engine: Any) -> None:
-    client.headers.pop("Authorization", None)
-    r = client.get("/waste", headers=JSON, follow_redirects=False)
-    assert r.status_code == 401 and r.headers["content-type"].startswith("application/json")
-    assert r.json()["error"]
-    r = client.get("/waste", follow_redirects=False)
-    assert r.status_code == 303 and r.headers["location"].startswith("/login")
-
-
 @pytest.mark.parametrize(
     ("query", "param"),
     [("group_by=nope", "group_by"), ("dir=sideways", "dir"), ("group_by=region,lifecycle", "group_by")],
 )
 def test_bad_parameter_is_400_naming_it(client: TestClient, engine: Any, query: str, param: str) -> None:
-    r = client.get(f"/waste?{query}", headers=JSON)
-    assert r.status_code == 400 and r.headers["content-type"].startswith("application/json")
-    body = r.json()
-    assert body["error"] and [d["field"] for d in body["detail"]] == [param]
-    r = client.get(f"/waste?{query}")
-    assert r.status_code == 400 and r.headers["content-type"].startswith("text/html")
-    assert BeautifulSoup(r.text, "html.parser").select_one(".error")["data-param"] == param
+    assert_bad_parameter(client, f"/waste?{query}", param)
 
 
 def test_json_without_agents_says_so(client: TestClient, engine: Any) -> None:
