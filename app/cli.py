@@ -498,8 +498,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--group-by",
         action="append",
         metavar="NAME",
-        help="instance, instance_type, region, availability_zone, lifecycle, gpu, slice, gpu_model or "
-        "tag:KEY (default: instance_type)",
+        help="instance, instance_type, region, availability_zone, lifecycle, gpu, slice, gpu_model, tag:KEY, "
+        "or who held the GPU: user, process, container, namespace, pod, job (default: instance_type)",
     )
     p.add_argument("--region", action="append", help="only this region")
     p.add_argument("--instance-type", action="append", help="only this instance type")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from .fleet import GpuInfo, InstanceInfo, SliceInfo
 from .states import UNPARTITIONED
+from .usage import DeviceUsage
 
 HOURS_PER_MONTH = 730.0
 """8,760 hours a year / 12: the month a projection is given for."""
@@ -196,3 +197,30 @@ class Unit:
     def avg_util(self) -> float | None:
         """Mean utilization over the seconds with a figure, %."""
         return (self._device or self._figures).avg_util
+
+
+def usage_figures(u: DeviceUsage | None, weight: float, rate: float | None, offline_s: float) -> Figures:
+    """A device's usage as figures: covered seconds split into states (docs/waste.md, "States"), weighted by
+    its share of a GPU, and priced at `rate` USD per GPU-hour."""
+    h = weight / 3600
+    if u is None:
+        return Figures(offline_h=offline_s * h)
+    _id, covered, known, util_sum, below, free, no_proc = u
+    gpu_hours = covered * h
+    idle_held_h = max(0.0, below - free) * h
+    idle_h = max(0.0, free) * h
+    known_h = known * h
+    sum_h = util_sum * h
+    active_h = max(0.0, known - below) * h
+    unknown_h = max(0.0, covered - known) * h
+    offline_h = offline_s * h
+    no_proc_h = no_proc * h
+    f = Figures(gpu_hours, active_h, idle_held_h, idle_h, unknown_h, offline_h, 0.0, no_proc_h, known_h, sum_h)
+    if rate is None:
+        f.unpriced_gpu_hours = gpu_hours
+    else:
+        f.cost = gpu_hours * rate
+        f.idle_cost = idle_h * rate
+        f.idle_held_cost = idle_held_h * rate
+        f.unused_cost = max(0.0, known_h - sum_h / 100) * rate
+    return f

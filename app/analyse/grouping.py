@@ -1,5 +1,6 @@
-"""Grouping units: by something of their instance (type, region, zone, lifecycle, a tag, the instance itself) or
-by something of the unit (GPU model, GPU, slice), and by combinations of them."""
+"""Grouping units: by something of their instance (type, region, zone, lifecycle, a tag, the instance itself), by
+something of the unit (GPU model, GPU, slice), by the process that held it (user, process, container, namespace,
+pod, Slurm job: app/analyse/holders.py), and by combinations of them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass, field
 
 from .figures import Figures, Unit
 from .fleet import InstanceInfo
+from .holders import HOLDER_GROUPS, Part, holder_key
 
 InstanceKey = Callable[[InstanceInfo], tuple[str, str]]
 UnitKey = Callable[[Unit], tuple[str, str]]
@@ -55,7 +57,7 @@ INSTANCE_GROUPS: dict[str, InstanceKey] = {
     "lifecycle": _field_key("lifecycle", "(no lifecycle)"),
 }
 UNIT_GROUPS: dict[str, UnitKey] = {"gpu_model": _model_key, "gpu": _gpu_key, "slice": _slice_key}
-GROUPS = (*INSTANCE_GROUPS, *UNIT_GROUPS)
+GROUPS = (*INSTANCE_GROUPS, *UNIT_GROUPS, *HOLDER_GROUPS)
 """Every group-by name, besides `tag:<key>`."""
 
 
@@ -68,9 +70,14 @@ def instance_key(name: str) -> InstanceKey | None:
     KeyError for an unknown name."""
     if name.startswith("tag:") and len(name) > 4:
         return _tag_key(name[4:])
-    if name in UNIT_GROUPS:
+    if name in UNIT_GROUPS or name in HOLDER_GROUPS:
         return None
     return INSTANCE_GROUPS[name]
+
+
+def by_holder(names: Sequence[str]) -> bool:
+    """Whether a grouping of these names splits units among their holders."""
+    return any(n in HOLDER_GROUPS for n in names)
 
 
 def _unit_level(name: str) -> UnitKey:
@@ -79,6 +86,14 @@ def _unit_level(name: str) -> UnitKey:
     key = instance_key(name)
     assert key is not None
     return lambda u: key(u.instance)
+
+
+def _part_level(name: str) -> Callable[[Part], tuple[str, str]]:
+    key = holder_key(name)
+    if key is not None:
+        return key
+    unit_key = _unit_level(name)
+    return lambda p: unit_key(p.unit)
 
 
 @dataclass
@@ -98,10 +113,16 @@ class GroupRow:
         return self.units[0]
 
 
-def group_rows(by_instance: dict[int, GroupRow], units: Sequence[Unit], names: Sequence[str]) -> list[GroupRow]:
+def group_rows(
+    by_instance: dict[int, GroupRow],
+    units: Sequence[Unit],
+    names: Sequence[str],
+    parts: Sequence[Part] | None = None,
+) -> list[GroupRow]:
     """Rows per combination of the named groupings (keys and labels joined by " / "), largest waste
-    first. Groupings by something of the instance add up per-instance figures; the others go unit by
-    unit. KeyError for an unknown name."""
+    first. Groupings by something of the instance add up per-instance figures; groupings by holder go part by
+    part (`parts`: the units split among their holders, needed for them); the others go unit by unit. KeyError
+    for an unknown name; ValueError for a grouping by holder without `parts`."""
     instance_keys = [instance_key(n) for n in names]
     rows: dict[str, GroupRow] = {}
 
@@ -113,7 +134,18 @@ def group_rows(by_instance: dict[int, GroupRow], units: Sequence[Unit], names: S
             row.parts = parts
         return row
 
-    if all(k is not None for k in instance_keys):
+    if by_holder(names):
+        if parts is None:
+            raise ValueError("a grouping by holder needs the units split among their holders")
+        part_keys = [_part_level(n) for n in names]
+        for part in parts:
+            unit = part.unit
+            row = row_for([k(part) for k in part_keys])
+            row.figures.add(part.figures)
+            row.units.append(unit)
+            row.gpus.add(unit.gpu.pk)
+            row.prices.add(unit.instance.price.source)
+    elif all(k is not None for k in instance_keys):
         for inst_row in by_instance.values():
             inst = inst_row.sample.instance
             row = row_for([k(inst) for k in instance_keys if k is not None])

@@ -17,39 +17,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ..models import Event
-from .figures import GPU, HOURS_PER_MONTH, SLICE, Figures, Unit
+from .figures import GPU, HOURS_PER_MONTH, SLICE, Figures, Unit, usage_figures
 from .fleet import Fleet, GpuInfo, SliceInfo, layout_known
 from .grouping import GroupRow, group_rows, per_instance, summarise
+from .holders import Part, held_usage, split_units
 from .states import UNPARTITIONED, Thresholds
 from .usage import DeviceUsage, hourly_split, window_usage
 from .window import Window
-
-
-def _figures(u: DeviceUsage | None, weight: float, rate: float | None, offline_s: float) -> Figures:
-    """A device's usage as figures: covered seconds split into states (docs/waste.md, "States"), weighted by
-    its share of a GPU, and priced at `rate` USD per GPU-hour."""
-    h = weight / 3600
-    if u is None:
-        return Figures(offline_h=offline_s * h)
-    _id, covered, known, util_sum, below, free, no_proc = u
-    gpu_hours = covered * h
-    idle_held_h = max(0.0, below - free) * h
-    idle_h = max(0.0, free) * h
-    known_h = known * h
-    sum_h = util_sum * h
-    active_h = max(0.0, known - below) * h
-    unknown_h = max(0.0, covered - known) * h
-    offline_h = offline_s * h
-    no_proc_h = no_proc * h
-    f = Figures(gpu_hours, active_h, idle_held_h, idle_h, unknown_h, offline_h, 0.0, no_proc_h, known_h, sum_h)
-    if rate is None:
-        f.unpriced_gpu_hours = gpu_hours
-    else:
-        f.cost = gpu_hours * rate
-        f.idle_cost = idle_h * rate
-        f.idle_held_cost = idle_held_h * rate
-        f.unused_cost = max(0.0, known_h - sum_h / 100) * rate
-    return f
 
 
 def _free_figures(free_s: float, rate: float | None, offline_s: float) -> Figures:
@@ -63,7 +37,7 @@ def _free_figures(free_s: float, rate: float | None, offline_s: float) -> Figure
 
 def _unsized_unit(gpu: GpuInfo, sl: SliceInfo, u: DeviceUsage, rate: float | None) -> Unit:
     """A slice of unknown size: its hours count apart, never as GPU-hours, money or free capacity."""
-    device = _figures(u, 1.0, None, 0.0)
+    device = usage_figures(u, 1.0, None, 0.0)
     return Unit(SLICE, gpu, sl, None, rate, Figures(unsized_slice_h=device.gpu_hours), device)
 
 
@@ -106,7 +80,7 @@ def build_units(
                 slice_units.append(_unsized_unit(gpu, sl, found, rate))
                 continue
             weight = sl.compute_slices / 7
-            slice_units.append(Unit(SLICE, gpu, sl, weight, rate, _figures(found, weight, rate, 0.0)))
+            slice_units.append(Unit(SLICE, gpu, sl, weight, rate, usage_figures(found, weight, rate, 0.0)))
             sliced += found.covered_s * weight
         mig_mode = gpu.mig_mode or bool(slice_units)
         own = usage.get(gpu.pk)
@@ -120,7 +94,7 @@ def build_units(
         covered = own.covered_s if own is not None else 0.0
         offline = max(0.0, _expected_s(gpu, window) - covered)
         if (passthrough is not None and passthrough.covered_s > 0) or not mig_mode:
-            units.append(Unit(GPU, gpu, None, 1.0, rate, _figures(passthrough, 1.0, rate, offline)))
+            units.append(Unit(GPU, gpu, None, 1.0, rate, usage_figures(passthrough, 1.0, rate, offline)))
             offline = 0.0
         if mig_mode:
             mig_s = mig_part.covered_s if mig_part is not None else 0.0
@@ -144,6 +118,9 @@ class WasteAnalysis:
 
     by_instance: dict[int, GroupRow] = field(default_factory=dict)
     """Figures per instance (by its row id): the building block of every instance-level grouping."""
+    parts: list[Part] | None = None
+    """The units split among their holders: the building block of every grouping by holder; None when the
+    analysis was not asked for them."""
 
     def group(self, by: str) -> list[GroupRow]:
         """Rows per group, largest waste first; KeyError for an unknown group-by name."""
@@ -151,8 +128,8 @@ class WasteAnalysis:
 
     def group_by(self, names: Sequence[str]) -> list[GroupRow]:
         """Rows per combination of the named groupings (keys and labels joined by " / "), largest waste
-        first. KeyError for an unknown name."""
-        return group_rows(self.by_instance, self.units, names)
+        first. KeyError for an unknown name; ValueError for a grouping by holder in an analysis without `parts`."""
+        return group_rows(self.by_instance, self.units, names, self.parts)
 
     def monthly(self, usd: float) -> float:
         """USD over the window scaled to a 730-hour month at the same rate."""
@@ -168,8 +145,11 @@ class WasteAnalysis:
         return self.totals.all_hours > 0
 
 
-def analyse_waste(session: Session, fleet: Fleet, window: Window, thresholds: Thresholds) -> WasteAnalysis:
-    """Figures for every unit of `fleet` over `window`, from the rollups."""
+def analyse_waste(
+    session: Session, fleet: Fleet, window: Window, thresholds: Thresholds, *, by_holder: bool = False
+) -> WasteAnalysis:
+    """Figures for every unit of `fleet` over `window`, from the rollups; with `by_holder`, also the units split
+    among the processes that held them (from the holder rollups), for groupings by holder."""
     ids: list[int] | None = fleet.device_ids()
     if ids is not None and len(ids) > 500:
         # Reading every device and dropping what the filters exclude is cheaper than a long id list.
@@ -186,6 +166,10 @@ def analyse_waste(session: Session, fleet: Fleet, window: Window, thresholds: Th
     split = hourly_split(session, window, list(changes), idle_util_pct=thresholds.idle_util_pct, mode_at=changes)
     units = build_units(fleet, usage, window, split)
     instances = per_instance(units)
+    parts = None
+    if by_holder:
+        held, holders = held_usage(session, window, idle_util_pct=thresholds.idle_util_pct, device_ids=ids)
+        parts = split_units(units, held, holders)
     return WasteAnalysis(
         window=window,
         thresholds=thresholds,
@@ -193,4 +177,5 @@ def analyse_waste(session: Session, fleet: Fleet, window: Window, thresholds: Th
         totals=summarise(instances.values()),
         fleet=fleet,
         by_instance=instances,
+        parts=parts,
     )

@@ -98,8 +98,9 @@ PARAMETERS = [
     query_param(
         "group_by",
         "One or more of instance, instance_type, region, availability_zone, lifecycle, gpu, slice, gpu_model, "
-        "tag:<key>; repeat the parameter or separate names with commas. Several give one row per combination. "
-        "Default: instance_type.",
+        "tag:<key>, and by the process holding the GPU: user, process (executable name), container, namespace, "
+        "pod, job (Slurm); repeat the parameter or separate names with commas. Several give one row per "
+        "combination. By holder, time no process held groups as (none). Default: instance_type.",
         ["instance_type", "tag:team"],
         repeat=True,
     ),

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from ..analyse.figures import Figures, Unit
 from ..analyse.fleet import DeviceRowsCache, load_fleet
-from ..analyse.grouping import GroupRow
+from ..analyse.grouping import GroupRow, by_holder
 from ..analyse.states import UNPARTITIONED, Thresholds
 from ..analyse.waste import WasteAnalysis, analyse_waste
 from ..analyse.window import Filters, Window, floor_day
@@ -203,5 +203,5 @@ def build_report(
     fleet = load_fleet(
         session, filters=filters, pricer=pricer, thresholds=thresholds, now=now, since=window.start, cache=cache
     )
-    analysis = analyse_waste(session, fleet, window, thresholds)
+    analysis = analyse_waste(session, fleet, window, thresholds, by_holder=by_holder(group_by))
     return Report(analysis, group_by, analysis.group_by(group_by))

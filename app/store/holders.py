@@ -14,7 +14,8 @@ for 10 s get 5 s each. Memory is each process's own, so `mem_mib_s` takes the wh
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -87,7 +88,7 @@ DESCRIBED = (
 )
 """The text columns a batch describes, in the order write_holders passes them."""
 
-SUMS = ("secs", "mem_known_s", "mem_mib_s", *[f"lt{b}_s" for b in UTIL_BOUNDS])
+SUMS = ("secs", "mem_known_s", "mem_mib_s", *[f"lt{b}_s" for b in UTIL_BOUNDS], "util_known_s", "util_sum")
 """The holder rollups' sum columns, in table order."""
 
 
@@ -109,6 +110,8 @@ def _holder_rollup_columns(time_name: str, time_comment: str) -> list[Column[Any
             seconds(f"lt{b}_s", f"Of secs, those with the device's utilization under {b}%: idle-held, s.")
             for b in UTIL_BOUNDS
         ],
+        seconds("util_known_s", "Of secs, those with a utilization figure for the device, s."),
+        seconds("util_sum", "The device's utilization x those seconds (%*s)."),
     ]
 
 
@@ -175,6 +178,7 @@ def _holders_sql() -> str:
     arrays = ", ".join(
         [
             "%(slot)b::int4[]",
+            "%(instance_pk)b::int8[]",
             "%(pid)b::int4[]",
             "%(started_at)b::timestamptz[]",
             "%(uid)b::int8[]",
@@ -184,21 +188,22 @@ def _holders_sql() -> str:
     columns = ", ".join(DESCRIBED)
     fill = ", ".join(f"{c} = coalesce(holders.{c}, excluded.{c})" for c in ("uid", *DESCRIBED))
     return (
-        f"WITH d AS (SELECT * FROM unnest({arrays}) AS d(slot, pid, started_at, uid, {columns})), "
+        f"WITH d AS (SELECT * FROM unnest({arrays}) AS d(slot, instance_pk, pid, started_at, uid, {columns})), "
         f"k AS (SELECT d.*, {IDENTITY_SQL} AS identity FROM d), "
         "seen AS (SELECT r.slot, min(s.ts) AS first_seen, max(s.ts + s.dur * interval '1 second') AS last_seen "
         "FROM ingest_holder_ref r JOIN ingest_stage s ON s.ord = r.ord GROUP BY r.slot), "
         "u AS ("
         f"INSERT INTO holders (instance_pk, pid, identity, started_at, uid, {columns}, first_seen, last_seen) "
-        "SELECT %(instance_pk)s, k.pid, k.identity, min(k.started_at), max(k.uid), "
+        "SELECT k.instance_pk, k.pid, k.identity, min(k.started_at), max(k.uid), "
         f"{', '.join(f'max(k.{c})' for c in DESCRIBED)}, min(seen.first_seen), max(seen.last_seen) "
-        "FROM k JOIN seen ON seen.slot = k.slot GROUP BY k.pid, k.identity ORDER BY k.pid, k.identity "
+        "FROM k JOIN seen ON seen.slot = k.slot GROUP BY 1, 2, 3 ORDER BY 1, 2, 3 "
         "ON CONFLICT (instance_pk, pid, identity) DO UPDATE SET "
         "first_seen = least(holders.first_seen, excluded.first_seen), "
         f"last_seen = greatest(holders.last_seen, excluded.last_seen), {fill} "
-        "RETURNING id, pid, identity) "
+        "RETURNING id, instance_pk, pid, identity) "
         "INSERT INTO ingest_holder_map (slot, holder_id) "
-        "SELECT k.slot, u.id FROM k JOIN u ON u.pid = k.pid AND u.identity = k.identity"
+        "SELECT k.slot, u.id FROM k JOIN u ON u.instance_pk = k.instance_pk AND u.pid = k.pid "
+        "AND u.identity = k.identity"
     )
 
 
@@ -212,6 +217,8 @@ def _rollup_sql(table: Table, time_column: str, bucket: str) -> str:
         "mem_known_s": "sum(p.new_s) FILTER (WHERE r.used_mib IS NOT NULL)",
         "mem_mib_s": "sum(r.used_mib * p.new_s)",
         **{f"lt{b}_s": f"sum({share}) FILTER (WHERE p.util < {b})" for b in UTIL_BOUNDS},
+        "util_known_s": f"sum({share}) FILTER (WHERE p.util IS NOT NULL)",
+        "util_sum": f"sum({share} * p.util)",
     }
     names = [c.name for c in table.c if c.name not in (time_column, "holder_id", "device_id")]
     select_list = ", ".join(f"coalesce({exprs[n]}, 0)" if n in SUMS else exprs[n] for n in names)
@@ -256,42 +263,102 @@ _STATEMENTS = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class HolderRow:
+    """One process as the write path takes it: `slot` is its number among the holders of one call (a batch's holder
+    id), `instance_pk` the instance it runs on; the text columns are DESCRIBED's."""
+
+    slot: int
+    instance_pk: int
+    pid: int
+    started_at: datetime | None
+    uid: int | None
+    executable: str | None
+    user_name: str | None
+    container_id: str | None = None
+    pod_uid: str | None = None
+    namespace: str | None = None
+    pod: str | None = None
+    job_id: str | None = None
+    job_step: str | None = None
+    command: str | None = None
+
+
+@dataclass
+class HolderRefs:
+    """References from staged sample rows to holders, column by column: the row's place in the order write_samples
+    staged the rows (`ord`), the holder's slot, the memory it holds there (MiB) and its share of the row's seconds."""
+
+    ords: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    used_mib: list[int | None] = field(default_factory=list)
+    shares: list[float] = field(default_factory=list)
+
+    def add_sample(self, ord_: int, held: Sequence[tuple[int, int | None]]) -> None:
+        """The (slot, used MiB) of every holder of one staged row; they share its seconds equally."""
+        if not held:
+            return
+        share = 1.0 / len(held)
+        for slot, used in held:
+            self.ords.append(ord_)
+            self.slots.append(slot)
+            self.used_mib.append(used)
+            self.shares.append(share)
+
+
 def write_holders(session: Session, batch: IngestBatchIn, instance_pk: int) -> None:
-    """Store the batch's holders and fold their share of its new pieces into the holder rollups and
-    device_holders_now. Call after write_samples, in the same transaction, with the batch's samples staged in the
-    order it staged them (intervals, then samples): a reference's `ord` is its sample's place in that order.
+    """Store the batch's holders (see store_holders). Call after write_samples, in the same transaction, with the
+    batch's samples staged in the order it staged them (intervals, then samples).
 
     The batch must have passed app.ingest.parse.check_batch: holder ids unique, every reference naming one, none
     twice in a sample."""
     if not batch.holders:
         return
-    ords: list[int] = []
-    slots: list[int] = []
-    used: list[int | None] = []
-    shares: list[float] = []
+    refs = HolderRefs()
     order = 0
     for interval in batch.intervals:
         for sample in interval.samples:
             if sample.holders:
-                share = 1.0 / len(sample.holders)
-                for ref in sample.holders:
-                    ords.append(order)
-                    slots.append(ref.ref)
-                    used.append(ref.used_mib)
-                    shares.append(share)
+                refs.add_sample(order, [(r.ref, r.used_mib) for r in sample.holders])
             order += 1
-    if not ords:
+    rows = [
+        HolderRow(
+            h.id,
+            instance_pk,
+            h.pid,
+            h.started_at,
+            h.uid,
+            h.executable,
+            h.user,
+            h.container_id,
+            h.pod_uid,
+            h.namespace,
+            h.pod,
+            h.job_id,
+            h.job_step,
+            h.command,
+        )
+        for h in batch.holders
+    ]
+    store_holders(session, rows, refs)
+
+
+def store_holders(session: Session, holders: Sequence[HolderRow], refs: HolderRefs) -> None:
+    """Upsert `holders` and fold each holder's share of the new pieces of the rows that refer to it into the holder
+    rollups and device_holders_now. Call after write_samples, in its transaction: `refs` name its staged rows. Slots
+    are unique among `holders`, and every reference names one."""
+    if not refs.ords:
         return
     described: dict[str, Any] = {
-        "instance_pk": instance_pk,
-        "slot": [h.id for h in batch.holders],
-        "pid": [h.pid for h in batch.holders],
-        "started_at": [h.started_at for h in batch.holders],
-        "uid": [h.uid for h in batch.holders],
-        **{c: [getattr(h, c) for h in batch.holders] for c in DESCRIBED if c != "user_name"},
-        "user_name": [h.user for h in batch.holders],
+        "slot": [h.slot for h in holders],
+        "instance_pk": [h.instance_pk for h in holders],
+        "pid": [h.pid for h in holders],
+        "started_at": [h.started_at for h in holders],
+        "uid": [h.uid for h in holders],
+        **{c: [getattr(h, c) for h in holders] for c in DESCRIBED},
     }
-    params = ({"ord": ords, "slot": slots, "used": used, "share": shares}, described, None, None, None)
+    refs_params = {"ord": refs.ords, "slot": refs.slots, "used": refs.used_mib, "share": refs.shares}
+    params = (refs_params, described, None, None, None)
     dbapi: Any = session.connection().connection
     info = dbapi.info
     with dbapi.cursor() as cur:

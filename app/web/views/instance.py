@@ -16,6 +16,7 @@ from ...sources import SOURCE_NAMES
 from ..delivery import Delivery, delivery
 from ..privileges import GrantNote, grant_notes
 from .common import FiguresView, FilterView, InstanceRef, WindowView
+from .holders import HeldOverWindow, held_over_window
 from .inputs import PageInputs
 
 
@@ -73,6 +74,8 @@ class GpuView:
     slices: list[SliceView]
     grants: list[GrantNote]
     """Figures NVML refused at the agent's privilege, and what to grant."""
+    holders: list[HeldOverWindow] = field(default_factory=list)
+    """The processes that held the GPU or its slices over the window, device by device."""
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,7 @@ def build_instance(p: PageInputs, instance_id: str) -> InstanceView:
     if not fleet.instances:
         return InstanceView(window_view, filters, instance_id, missing=True, no_agents=fleet.total_instances == 0)
     inst = next(iter(fleet.instances.values()))
-    analysis = analyse_waste(session, fleet, window, t)
+    analysis = analyse_waste(session, fleet, window, t, by_holder=True)
     ids = fleet.device_ids()
     latest = latest_samples(session, now=p.now, thresholds=t, device_ids=ids)
     states = current_state(fleet, latest)
@@ -168,11 +171,12 @@ def build_instance(p: PageInputs, instance_id: str) -> InstanceView:
         slices = fleet.live_slices(gpu.pk)
         gpu_key, gpu_label = f"gpu-{gpu.gpu_index}", f"GPU {gpu.gpu_index}"
         devices[gpu.pk] = (gpu_key, gpu_label)
+        own = {gpu.pk: devices[gpu.pk]}
         first_seen[gpu.pk] = gpu.first_seen
         slice_views = []
         for sl in slices:
             key, label = _slice_key(gpu, sl), _slice_label(gpu, sl)
-            devices[sl.pk] = (key, label)
+            devices[sl.pk] = own[sl.pk] = (key, label)
             first_seen[sl.pk] = sl.first_seen
             now = _now(key, label, states.get(sl.pk), latest.get(sl.pk), units.get(f"{SLICE}:{sl.pk}"), sl.util_reason)
             slice_views.append(
@@ -194,6 +198,7 @@ def build_instance(p: PageInputs, instance_id: str) -> InstanceView:
                 gpu_now,
                 slice_views,
                 grant_notes(gpu.permission_denied),
+                held_over_window(analysis.parts or [], own),
             )
         )
     for pk, (key, label) in devices.items():

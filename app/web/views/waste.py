@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...analyse.fleet import Fleet
-from ...analyse.grouping import GroupRow
+from ...analyse.grouping import GroupRow, by_holder
 from ...analyse.waste import WasteAnalysis, analyse_waste
 from .common import Choice, FiguresView, FilterView, PagerView, Sorting, WindowView, paginate, sort_rows
 from .inputs import PageInputs
@@ -21,6 +21,12 @@ GROUP_LABELS = {
     "gpu_model": "GPU model",
     "gpu": "GPU",
     "slice": "GPU / slice",
+    "user": "User",
+    "process": "Process",
+    "container": "Container",
+    "namespace": "Namespace",
+    "pod": "Pod",
+    "job": "Slurm job",
 }
 """The groupings the form offers, besides one per tag key."""
 
@@ -95,7 +101,7 @@ def _row(r: GroupRow, analysis: WasteAnalysis) -> WasteRow:
 def build_waste(p: PageInputs) -> WasteView:
     q = p.query
     fleet = p.fleet()
-    analysis = analyse_waste(p.session, fleet, q.window, p.thresholds)
+    analysis = analyse_waste(p.session, fleet, q.window, p.thresholds, by_holder=by_holder([q.group_by]))
     ordered, sort = sort_rows(analysis.group(q.group_by), _COLUMNS, q.sort, q.dir, "waste")
     shown, pager = paginate(ordered, q.page)
     choices = group_choices(fleet, q.group_by)

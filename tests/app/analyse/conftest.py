@@ -40,7 +40,8 @@ class Analyst:
     def waste(self, start: datetime, end: datetime, *, now: datetime | None = None, **kw: Any) -> WasteAnalysis:
         window = Window(start=start, end=end, now=now or end, label="test")
         with self.sessions() as session:
-            return analyse_waste(session, self.fleet(session, window, kw.get("filters")), window, self.thresholds)
+            fleet = self.fleet(session, window, kw.get("filters"))
+            return analyse_waste(session, fleet, window, self.thresholds, by_holder=kw.get("by_holder", False))
 
 
 @pytest.fixture

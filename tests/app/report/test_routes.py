@@ -18,7 +18,7 @@ from app.settings import Settings
 from app.web.templating import num, pct, usd
 from tests.conftest import make_token
 from tests.factories import gpu, mig_slice, unsized_slice
-from tests.feeding import P4D_PER_GPU_HOUR, Feeder, busy, idle
+from tests.feeding import P4D_PER_GPU_HOUR, Feeder, busy, holders_story, idle
 
 H = timedelta(hours=1)
 URL = "/api/v1/report"
@@ -331,3 +331,29 @@ def test_capacity_of_unknown_size_is_unknown_not_zero(client: TestClient, read_t
     table = list(csv.DictReader(io.StringIO(get(client, read_token, group_by="slice", format="csv", **window).text)))
     unsized = next(t for t in table if t["slice"] == "i-mig GPU 0 unknown (GI 2)")
     assert unsized["gpu_hours"] == unsized["cost"] == ""
+
+
+def test_report_by_holder_in_json_and_csv(client: TestClient, read_token: str, feeder: Feeder) -> None:
+    story = holders_story(feeder)
+    span = {"start": story["start"].isoformat(), "end": story["end"].isoformat()}
+    body = get(client, read_token, **span, group_by="user").json()
+    rows = {r["group"]["user"]: r for r in body["rows"]}
+    assert set(rows) == {"ana", "root", "mchen", "(none)"}
+    assert rows["ana"]["idle_held_cost"] == pytest.approx(P4D_PER_GPU_HOUR, abs=1e-5)
+    assert rows["ana"]["avg_util_pct"] == pytest.approx(20.0)
+    assert rows["(none)"]["idle_cost"] == pytest.approx(2 * P4D_PER_GPU_HOUR, abs=1e-5)
+    assert sum(r["cost"] for r in body["rows"]) == pytest.approx(body["totals"]["cost"], abs=1e-5)
+
+    both = get(client, read_token, **span, group_by=["namespace", "instance_type"]).json()
+    assert {(r["group"]["namespace"], r["group"]["instance_type"]) for r in both["rows"]} == {
+        ("inference", "p4d.24xlarge"),
+        ("(no namespace)", "p4d.24xlarge"),
+        ("(no namespace)", "g5.xlarge"),
+        ("(none)", "p4d.24xlarge"),
+    }
+
+    text = get(client, read_token, **span, group_by="job", format="csv").text
+    table = list(csv.DictReader(io.StringIO(text)))
+    jobs = {r["job"]: r for r in table}
+    assert set(jobs) == {"48213", "(no job)", "(none)", "TOTAL"}
+    assert float(jobs["48213"]["avg_util_pct"]) == pytest.approx(40.0)

@@ -104,9 +104,10 @@ def test_two_holders_share_the_device_and_its_idle_time(
     assert stored(client, ingest_token, story(t0, SPLIT, [PYTHON, VLLM])) == 6
     a = device(engine, "GPU-a")
     python = {"pid": 4242, "device_id": a, "mem_max_mib": 1000, "secs": 20.0, "mem_known_s": 20.0}
-    python |= {"mem_mib_s": 20_000.0, **lt(5.0, 10.0)}
+    # Utilization over its share: 0% for 5 s, 30% for 10 s, unknown for 5 s.
+    python |= {"mem_mib_s": 20_000.0, **lt(5.0, 10.0), "util_known_s": 15.0, "util_sum": 300.0}
     vllm = {"pid": 977, "device_id": a, "mem_max_mib": 3000, "secs": 10.0, "mem_known_s": 20.0}
-    vllm |= {"mem_mib_s": 60_000.0, **lt(5.0)}
+    vllm |= {"mem_mib_s": 60_000.0, **lt(5.0), "util_known_s": 5.0, "util_sum": 0.0}
     assert rollups(engine, "holder_rollups_hourly") == [pytest.approx(vllm), pytest.approx(python)]
     assert rollups(engine, "holder_rollups_daily") == rollups(engine, "holder_rollups_hourly")
     # The device's seconds with holders (30) are its holders' seconds, shared out.

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from bs4 import BeautifulSoup, Tag
@@ -11,7 +13,7 @@ from fastapi.testclient import TestClient
 from app.web.templating import DASH, num, pct, usd
 from tests.app.web.views.pages import assert_bad_parameter, get_html, get_json, recent_start
 from tests.factories import gpu
-from tests.feeding import Feeder, busy, idle
+from tests.feeding import P4D_PER_GPU_HOUR, Feeder, busy, held, holders_story, idle
 
 URL = "/waste?group_by=tag:team&window=24h"
 
@@ -152,3 +154,31 @@ def test_bad_parameter_is_400_naming_it(client: TestClient, engine: Any, query: 
 def test_json_without_agents_says_so(client: TestClient, engine: Any) -> None:
     data = get_json(client, "/waste")
     assert data["no_agents"] is True and data["rows"] == [] and data["group_by"] == "instance_type"
+
+
+def test_grouped_by_user_names_who_left_gpus_idle(client: TestClient, feeder: Feeder) -> None:
+    story = holders_story(feeder)
+    url = f"/waste?group_by=user&start={quote(story['start'].isoformat())}&end={quote(story['end'].isoformat())}"
+    data = get_json(client, url)
+    assert data["group_by"] == "user" and data["group_label"] == "User"
+    rows = {r["label"]: r for r in data["rows"]}
+    assert set(rows) == {"ana", "root", "mchen", "(none)"}
+    assert rows["ana"]["figures"]["idle_held_cost"] == pytest.approx(P4D_PER_GPU_HOUR, abs=0.01)
+    doc = get_html(client, url)
+    assert_same_figures(doc, data)
+    assert doc.select_one("select[name=group_by] option[selected]")["value"] == "user"
+    labels = {c.get_text(strip=True) for c in doc.select("#waste-table tbody tr td:first-child")}
+    assert {"ana", "root", "mchen", "(none)"} <= labels
+
+
+def test_a_holder_named_like_markup_is_text(client: TestClient, feeder: Feeder) -> None:
+    evil = {"id": 0, "pid": 1, "executable": "<script>alert(1)</script>", "user": "<b>eve</b>"}
+
+    def held_by_evil(uid: str, t: datetime) -> dict[str, Any]:
+        return {**held(uid, t), "holders": [{"ref": 0}]}
+
+    feeder.feed([gpu(0)], start=recent_start(1), hours=1, fn=held_by_evil, holders=[evil])
+    r = client.get("/waste?group_by=process")
+    assert "<script>alert(1)</script>" not in r.text and "&lt;script&gt;alert(1)&lt;/script&gt;" in r.text
+    r = client.get("/waste?group_by=user")
+    assert "<b>eve</b>" not in r.text and "&lt;b&gt;eve&lt;/b&gt;" in r.text

@@ -1,0 +1,111 @@
+"""Waste split among the processes that held each device: known answers by user, process, container, namespace, pod
+and Slurm job, alone and with other groupings, adding up to the same totals as every other grouping."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+
+from app.analyse.figures import Figures
+from app.analyse.holders import NO_HOLDER, HeldUsage, HolderInfo, split_units
+from app.analyse.waste import WasteAnalysis
+from tests.app.analyse.conftest import P4D_PER_GPU_HOUR, Analyst, Feeder
+from tests.feeding import G5_PER_GPU_HOUR, holders_story
+
+
+@pytest.fixture
+def held_fleet(feeder: Feeder) -> dict[str, datetime]:
+    return holders_story(feeder)
+
+
+def _analysis(analyst: Analyst, fleet: dict[str, datetime]) -> WasteAnalysis:
+    return analyst.waste(fleet["start"], fleet["end"], by_holder=True)
+
+
+def _rows(a: WasteAnalysis, *names: str) -> dict[str, Figures]:
+    return {r.label: r.figures for r in a.group_by(list(names))}
+
+
+def test_by_user_known_answers(analyst: Analyst, held_fleet: dict[str, datetime]) -> None:
+    rows = _rows(_analysis(analyst, held_fleet), "user")
+    assert set(rows) == {"ana", "root", "mchen", NO_HOLDER}
+    ana = rows["ana"]
+    # An hour alone and idle, then half of an hour at 60%.
+    assert ana.gpu_hours == pytest.approx(1.5)
+    assert ana.idle_held_h == pytest.approx(1.0)
+    assert ana.active_h == pytest.approx(0.5)
+    assert ana.avg_util == pytest.approx(20.0)
+    assert ana.idle_held_cost == pytest.approx(P4D_PER_GPU_HOUR, rel=1e-6)
+    assert ana.idle_h == 0.0
+    root = rows["root"]
+    assert (root.gpu_hours, root.active_h, root.idle_held_h) == pytest.approx((0.5, 0.5, 0.0))
+    assert root.avg_util == pytest.approx(60.0)
+    mchen = rows["mchen"]
+    assert mchen.cost == pytest.approx(2 * G5_PER_GPU_HOUR, rel=1e-6)
+    assert mchen.avg_util == pytest.approx(40.0)
+    # Nobody held GPU 1: its idle time and money are nobody's.
+    nobody = rows[NO_HOLDER]
+    assert (nobody.gpu_hours, nobody.idle_h) == pytest.approx((2.0, 2.0))
+    assert nobody.idle_cost == pytest.approx(2 * P4D_PER_GPU_HOUR, rel=1e-6)
+    assert nobody.idle_held_h == 0.0
+
+
+def test_every_holder_grouping_adds_up_to_the_totals(analyst: Analyst, held_fleet: dict[str, datetime]) -> None:
+    a = _analysis(analyst, held_fleet)
+    by_instance = a.group_by(["instance"])
+    for name in ("user", "process", "container", "namespace", "pod", "job"):
+        rows = a.group_by([name])
+        for field in ("gpu_hours", "cost", "idle_held_cost", "idle_cost", "active_h", "util_sum_h", "offline_h"):
+            total = sum(getattr(r.figures, field) for r in rows)
+            assert total == pytest.approx(getattr(a.totals, field), rel=1e-9, abs=1e-9), (name, field)
+            assert total == pytest.approx(sum(getattr(r.figures, field) for r in by_instance), abs=1e-9)
+
+
+def test_labels_of_each_holder_grouping(analyst: Analyst, held_fleet: dict[str, datetime]) -> None:
+    a = _analysis(analyst, held_fleet)
+    assert set(_rows(a, "process")) == {"python3", "vllm", "python", NO_HOLDER}
+    assert set(_rows(a, "container")) == {"c0ffeec0ffee", "(no container)", NO_HOLDER}
+    assert set(_rows(a, "namespace")) == {"inference", "(no namespace)", NO_HOLDER}
+    assert set(_rows(a, "pod")) == {"inference/vllm-0", "(no pod)", NO_HOLDER}
+    jobs = _rows(a, "job")
+    assert set(jobs) == {"48213", "(no job)", NO_HOLDER}
+    assert jobs["48213"].gpu_hours == pytest.approx(2.0)
+    assert jobs["(no job)"].gpu_hours == pytest.approx(2.0)  # ana's 1.5 and root's 0.5
+
+
+def test_holder_grouping_combines_with_others(analyst: Analyst, held_fleet: dict[str, datetime]) -> None:
+    rows = _rows(_analysis(analyst, held_fleet), "namespace", "instance_type")
+    assert set(rows) == {
+        "inference / p4d.24xlarge",
+        "(no namespace) / p4d.24xlarge",
+        "(no namespace) / g5.xlarge",
+        f"{NO_HOLDER} / p4d.24xlarge",
+    }
+    assert rows["(no namespace) / p4d.24xlarge"].gpu_hours == pytest.approx(1.5)
+    by_gpu = _rows(_analysis(analyst, held_fleet), "gpu", "user")
+    [(ana_gpu, ana)] = [(k, f) for k, f in by_gpu.items() if k.endswith(" / ana")]
+    assert ana_gpu.endswith("GPU 0 / ana") and ana.idle_held_h == pytest.approx(1.0)
+    assert sum(k.endswith(f"GPU 1 / {NO_HOLDER}") for k in by_gpu) == 1
+
+
+def test_grouping_by_holder_needs_the_split(analyst: Analyst, held_fleet: dict[str, datetime]) -> None:
+    a = analyst.waste(held_fleet["start"], held_fleet["end"])
+    with pytest.raises(ValueError, match="holder"):
+        a.group_by(["user"])
+
+
+def test_holders_claiming_more_than_the_unit_are_scaled_down(analyst: Analyst, held_fleet: dict[str, datetime]) -> None:
+    """A GPU whose MIG mode changed in the window: its unit holds only its passthrough time, while its holders'
+    seconds may cover more. Rows written before holder rollups had utilization count their idle-held seconds as
+    known."""
+    unit = next(u for u in _analysis(analyst, held_fleet).units if u.gpu.uuid == "GPU-g5")
+    covered = unit.covered_s
+    seen = held_fleet["start"]
+    holder = HolderInfo(1, 1, 10, "python", 1, "old", None, None, None, None, None, None, seen, seen)
+    held = {unit.gpu.pk: [HeldUsage(unit.gpu.pk, 1, 2 * covered, 0.0, 0.0, covered, 0.0, 0.0)]}
+    [part] = split_units([unit], held, {1: holder})
+    assert part.figures.gpu_hours == pytest.approx(unit.figures().gpu_hours)
+    assert part.figures.idle_held_h == pytest.approx(unit.figures().gpu_hours / 2)
+    assert part.figures.unknown_h == pytest.approx(unit.figures().gpu_hours / 2)
+    assert part.figures.active_h == 0.0
