@@ -2,7 +2,9 @@
 batch's number, so any process can build any batch.
 
 The dense spec (`make_spec`) is a p4d.24xlarge-like instance: 4 plain A100s and 4 in MIG mode with seven 1g.5gb
-slices each, 36 devices. bench/instances.py makes the realistic ones (the agent at its defaults).
+slices each, 36 devices. bench/instances.py makes the realistic ones (the agent at its defaults). With holders,
+each device has three processes of its own, and a sample with N processes refers to the first N of them, as the
+agent sends them (docs/ingest-protocol.md, "Holders"): each process described once per batch.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ class AgentSpec:
     static: dict[str, Any]  # agent, instance and gpus: the same in every batch
     plain: tuple[str, ...]
     mig: tuple[tuple[str, tuple[str, ...]], ...]
+    processes: dict[str, list[dict[str, Any]]] | None = None
+    """Per device uuid, its processes as the batch's `holders` describe them (ids unique in the agent); None:
+    the batches have no holders."""
 
 
 SliceLayout = tuple[str, int, int, int]
@@ -88,9 +93,39 @@ def gpu_inventory(
     return gpus
 
 
-def make_spec(index: int, seed: int, now: float, intervals: int) -> AgentSpec:
+PROCESSES_PER_DEVICE = 3
+_USERS = ("ana", "bob", "mchen", "asmith", "jlee", "priya")
+
+
+def _processes(rng: random.Random, devices: list[str], start: float) -> dict[str, list[dict[str, Any]]]:
+    started = datetime.fromtimestamp(start - 3600.0, UTC).isoformat()
+    out: dict[str, list[dict[str, Any]]] = {}
+    for d, device in enumerate(devices):
+        procs = []
+        for k in range(PROCESSES_PER_DEVICE):
+            user = rng.choice(_USERS)
+            procs.append(
+                {
+                    "id": d * PROCESSES_PER_DEVICE + k,
+                    "pid": 10_000 + d * 10 + k,
+                    "executable": rng.choice(("python3", "torchrun", "vllm")),
+                    "uid": 1000 + _USERS.index(user),
+                    "user": user,
+                    "started_at": started,
+                    **(
+                        {"namespace": "inference", "pod": f"vllm-{d}", "pod_uid": str(uuid.UUID(int=d + 1))}
+                        if k
+                        else {}
+                    ),
+                }
+            )
+        out[device] = procs
+    return out
+
+
+def make_spec(index: int, seed: int, now: float, intervals: int, *, holders: bool = False) -> AgentSpec:
     """Dense agent `index`: 36 devices; its first interval a day back, so it has room to send before it reaches
-    the server's clock."""
+    the server's clock. With `holders`, its samples say which processes hold each device."""
     rng = random.Random(seed * 7919 + index)
     # A day back, so each agent has ~1440 batches of room before reaching the present.
     start = math.floor((now - 86400.0) / INTERVAL_S) * INTERVAL_S + rng.uniform(0.0, INTERVAL_S)
@@ -119,7 +154,9 @@ def make_spec(index: int, seed: int, now: float, intervals: int) -> AgentSpec:
         },
         "gpus": gpus,
     }
-    return AgentSpec(index, seed, start, intervals, limit, static, plain, mig)
+    devices = [*plain, *(u for g, slices in mig for u in (g, *slices))]
+    processes = _processes(rng, devices, start) if holders else None
+    return AgentSpec(index, seed, start, intervals, limit, static, plain, mig, processes)
 
 
 def make_batch(spec: AgentSpec, n: int) -> dict[str, Any]:
@@ -169,7 +206,27 @@ def make_batch(spec: AgentSpec, n: int) -> dict[str, Any]:
             )
             samples.extend(slice_samples)
         intervals.append({"start": start, "duration_s": INTERVAL_S, "samples": samples})
-    return {"schema_version": 1, "batch_id": str(uuid.uuid4()), **spec.static, "intervals": intervals}
+    batch = {"schema_version": 1, "batch_id": str(uuid.uuid4()), **spec.static, "intervals": intervals}
+    if spec.processes is not None:
+        batch["holders"] = _refer(spec.processes, intervals)
+    return batch
+
+
+def _refer(processes: dict[str, list[dict[str, Any]]], intervals: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each sample with N processes refers to its device's first N (the memory split among them); the processes
+    referred to, described once."""
+    described: dict[int, dict[str, Any]] = {}
+    for interval in intervals:
+        for sample in interval["samples"]:
+            n = min(sample["procs"], PROCESSES_PER_DEVICE)
+            if not n:
+                continue
+            mine = processes[sample["uuid"]][:n]
+            used = sample["mem_used_mib"] // n
+            sample["holders"] = [{"ref": p["id"], "used_mib": used} for p in mine]
+            for p in mine:
+                described[p["id"]] = p
+    return list(described.values())
 
 
 def make_body(spec: AgentSpec, n: int) -> bytes:

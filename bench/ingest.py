@@ -2,6 +2,7 @@
 number of rows into `samples` is the physical reference.
 
     .venv/bin/python -m bench.ingest [--seconds 30] [--agents 32] [--intervals 6] [--database-url URL] [--workers 2]
+        [--holders]
     .venv/bin/python -m bench.ingest --realistic [--agents 64]
     (or .venv/bin/python bench/ingest.py with the same options)
 
@@ -85,6 +86,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="untimed batches each agent sends first (instance registration; default 1)",
     )
     p.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
+    p.add_argument(
+        "--holders",
+        action="store_true",
+        help="dense batches say which processes hold each device (three per device, each described once a batch)",
+    )
     args = p.parse_args(argv)
     if args.intervals is None:
         args.intervals = AGENT_BATCH_INTERVALS if args.realistic else 6
@@ -121,7 +127,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]
     if args.realistic:
         specs = [realistic_spec(i, seed, now, args.intervals) for i in range(args.agents)]
     else:
-        specs = [make_spec(i, seed, now, args.intervals) for i in range(args.agents)]
+        specs = [make_spec(i, seed, now, args.intervals, holders=args.holders) for i in range(args.agents)]
     samples_per_batch = statistics.mean(s.intervals * spec_devices(s) for s in specs)
     batch_period_s = INTERVAL_S * args.intervals  # one agent's batches are this far apart
     per_agent = math.ceil(args.seconds * args.expect_rate / args.agents) + 2 + args.warmup
@@ -224,6 +230,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]
         "intervals_per_batch": args.intervals,
         "samples_per_batch": round(samples_per_batch, 1),
         "mode": "realistic" if args.realistic else "dense",
+        "holders": args.holders,
         "batches_per_s": r(batches / load.elapsed, 1),
         # How many instances at the agent's default cadence (a batch every interval_s * batch_intervals) the
         # server kept up with; meaningful in --realistic mode, where batches are theirs.
