@@ -31,3 +31,13 @@ def test_a_rolled_back_first_batch_does_not_break_the_connection(database_url: s
             assert conn.execute(text("SELECT count(*) FROM samples WHERE device_id = 900001")).scalar_one() == 1
     finally:
         own.dispose()
+
+
+def test_sessions_speak_utc_without_jit(database_url: str) -> None:
+    engine = make_engine(database_url, pool_size=1)
+    try:
+        with engine.connect() as conn:
+            assert conn.execute(text("SHOW TimeZone")).scalar_one() == "UTC"
+            assert conn.execute(text("SHOW jit")).scalar_one() == "off"
+    finally:
+        engine.dispose()
