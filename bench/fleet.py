@@ -17,6 +17,10 @@ Workloads, decided per device and hour (bench/fleet_samples.py):
 - idle: nothing running, no memory used;
 - held: nothing computing, but a process holds memory (idle-held).
 
+Every sample with processes refers to that many holders (at most 3), the processes of its device: they live for
+a stretch of 3 to 24 hours, then restart with new pids. A third of the instances run Kubernetes pods, a quarter
+Slurm jobs, the rest plain processes; 40 users, a few of whom run most jobs (bench/fleet_samples.py, "Holders").
+
 Spot instances drop out for hours at a time (no samples), and a few are gone for good some days before the
 end. A100 MIG slices have no utilization (util NULL, source "none"); H100 slices have it from GPM. A MIG
 GPU's own row carries the board's power, temperature and the slices' memory and processes.
@@ -35,6 +39,9 @@ DAY = 86400
 # Samples of one instance for this many intervals sit together, as one agent batch would store them.
 BATCH_INTERVALS = 4
 AGENT_VERSION = "0.1.0"
+SHAPE = 2
+"""What the fleet's data is made of; raise it when that changes (2: holders), so a fleet loaded by older code is
+reloaded rather than reused (bench/fleet_db.py)."""
 
 # Reasons the agent gives for missing utilization (agent/collect).
 MIG_PARENT_REASON = "MIG mode: NVML has no whole-GPU utilization; see the slices"

@@ -2,7 +2,8 @@
 the fleet loaded into it or found there from an earlier run, kept up to the present, and the server on it.
 
 With `--data-dir DIR --keep` the loaded database stays; a later run with the same parameters finds it (the
-parameters are kept in the table `bench_fleet`), skips the load and only adds the samples of the time since.
+parameters are kept in the table `bench_fleet`), skips the load and only adds the samples of the time since. A
+fleet loaded under another schema revision, or by code that made other data (`bench.fleet.SHAPE`), is reloaded.
 Without `--data-dir` the embedded PostgreSQL lives in a temporary folder; `--database-url` names a PostgreSQL
 server instead, where the database `gpufleet_bench_pages` is used (created if missing; dropped at the end if
 this run created it and `--keep` is not given).
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.database import connect, libpq_url, server_name, with_database
-from bench.fleet import HOUR, Fleet, make_fleet
+from bench.fleet import HOUR, SHAPE, Fleet, make_fleet
 from bench.fleet_load import device_ids, ensure_partitions, load_fleet, top_up, utc
 from bench.harness import free_port, log, quiet, start_server, stop_server, wait_ready
 
@@ -225,6 +226,10 @@ def prepare(args: argparse.Namespace, stack: contextlib.ExitStack) -> Prepared:
     if same and meta is not None and meta["figures"].get("schema") != schema and not args.skip_load:
         log(f"the fleet was loaded under schema {meta['figures'].get('schema')}, the code is at {schema}: reloading")
         same = False
+    if same and meta is not None and meta["figures"].get("shape") != SHAPE and not args.skip_load:
+        # An older fleet lacks what the bench times now (holders, for the report by user).
+        log(f"the fleet was loaded in shape {meta['figures'].get('shape', 1)}, the code makes {SHAPE}: reloading")
+        same = False
     fleet: Fleet | None = None
     figures: dict[str, Any] = {}
     if args.skip_load or same:
@@ -247,6 +252,7 @@ def prepare(args: argparse.Namespace, stack: contextlib.ExitStack) -> Prepared:
             url, fleet, disk=db.disk, workers=args.load_workers, retention=retention, mem_held_mib=mem_held_mib
         )
         figures["schema"] = schema
+        figures["shape"] = SHAPE
         write_meta(url, fleet.params(), fleet.end, figures)
     reused = bool(figures) and (args.skip_load or same)
     if fleet is not None:

@@ -2,9 +2,10 @@
 
 Instances, GPUs and MIG slices go in through `upsert_inventory` (as the first batch of each agent would put
 them, then again where a MIG layout changes), samples through `write_samples` (COPY into the staging table, then
-into `samples` and the rollups), one UTC hour of the whole fleet per transaction, in time order, from worker
-processes. Then VACUUM ANALYZE, so autovacuum does not run during the timing. `top_up` adds the samples of the
-time since, so the pages show a fleet that is up to date.
+into `samples` and the rollups) and the processes holding the devices through `store_holders` right after, one
+UTC hour of the whole fleet per transaction, in time order, from worker processes. Then VACUUM ANALYZE, so
+autovacuum does not run during the timing. `top_up` adds the samples (and holders) of the time since, so the
+pages show a fleet that is up to date.
 
 psycopg, SQLAlchemy and the app are imported by the functions that use them (see bench/harness.py).
 """
@@ -22,11 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 from bench.database import connect, database_size_mib
 from bench.fleet import DAY, HOUR, Fleet, batch_dict, make_fleet
-from bench.fleet_samples import SampleMaker, last_seen
+from bench.fleet_samples import Made, SampleMaker, last_seen
 from bench.harness import BenchError, log
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
+    from sqlalchemy.orm import Session
 
 
 def ensure_partitions(engine: Engine, retention_days: int) -> None:
@@ -89,10 +91,34 @@ def device_ids(engine: Engine) -> dict[str, int]:
         return {str(u): int(i) for u, i in rows}
 
 
+def instance_pks(engine: Engine) -> dict[str, int]:
+    """Instance id -> instances.id, of every instance in the database (what holders are stored under)."""
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        return {str(i): int(pk) for i, pk in conn.execute(text("SELECT instance_id, id FROM instances"))}
+
+
+def store_made(session: Session, made: Made, mem_held_mib: int) -> float:
+    """Write one span's samples, then its holders, in the session's transaction; returns the seconds the holders
+    took (their statements run in one round trip, so this is what they cost)."""
+    from app.store.holders import HolderRefs, HolderRow, store_holders
+    from app.store.samples import write_samples
+
+    write_samples(session, made.rows, mem_held_mib=mem_held_mib)
+    if not made.holders:
+        return 0.0
+    t = time.perf_counter()
+    holders = [HolderRow(slot, pk, *proc) for slot, pk, proc in made.holders]
+    refs = HolderRefs(made.ref_ords, made.ref_slots, made.ref_used, made.ref_shares)
+    store_holders(session, holders, refs)
+    return time.perf_counter() - t
+
+
 _worker: dict[str, Any] = {}
 
 
-def _init_worker(url: str, params: dict[str, int], ids: dict[str, int], mem_held_mib: int) -> None:
+def _init_worker(url: str, params: dict[str, int], ids: dict[str, int], mem_held_mib: int, holders: bool) -> None:
     from app.db import make_engine, make_sessionmaker
     from app.store.bulk import quiet_bulk_loads
 
@@ -100,22 +126,25 @@ def _init_worker(url: str, params: dict[str, int], ids: dict[str, int], mem_held
     gc.disable()
     engine = make_engine(url, pool_size=1)
     quiet_bulk_loads(engine)
-    _worker["maker"] = SampleMaker(make_fleet(**params), ids)
+    _worker["maker"] = SampleMaker(make_fleet(**params), ids, instance_pks(engine) if holders else None)
     _worker["sessions"] = make_sessionmaker(engine)
     _worker["mem_held_mib"] = mem_held_mib
 
 
-def _load_span(span: tuple[int, int]) -> tuple[int, float, float]:
-    """Generate and store one span (an hour) of the fleet's samples: (rows, generation s, write s)."""
+Span = tuple[int, int, float, float, float]
+"""What one span's load did: (rows, holder references, generation s, write s, of which holders s)."""
+
+
+def _load_span(span: tuple[int, int]) -> Span:
+    """Generate and store one span (an hour) of the fleet's samples and holders."""
     from app.db import session_scope
-    from app.store.samples import write_samples
 
     t = time.perf_counter()
-    rows = _worker["maker"].rows(*span)
-    made = time.perf_counter()
+    made = _worker["maker"].make(*span)
+    t_made = time.perf_counter()
     with session_scope(_worker["sessions"]) as session:
-        write_samples(session, rows, mem_held_mib=_worker["mem_held_mib"])
-    return len(rows), made - t, time.perf_counter() - made
+        holders_s = store_made(session, made, _worker["mem_held_mib"])
+    return len(made.rows), len(made.ref_ords), t_made - t, time.perf_counter() - t_made, holders_s
 
 
 def hour_spans(t0: int, t1: int) -> list[tuple[int, int]]:
@@ -129,20 +158,29 @@ def hour_spans(t0: int, t1: int) -> list[tuple[int, int]]:
 
 
 def load_samples(
-    url: str, fleet: Fleet, ids: dict[str, int], t0: int, t1: int, workers: int, mem_held_mib: int
-) -> tuple[int, float]:
-    """Samples of [t0, t1), one hour per transaction, in worker processes; returns (rows, seconds)."""
+    url: str,
+    fleet: Fleet,
+    ids: dict[str, int],
+    t0: int,
+    t1: int,
+    workers: int,
+    mem_held_mib: int,
+    *,
+    holders: bool = True,
+) -> tuple[int, int, float]:
+    """Samples of [t0, t1) and their holders (unless `holders` is false), one hour per transaction, in worker
+    processes; returns (rows, holder references, seconds)."""
     spans = hour_spans(t0, t1)
     log(f"loading {len(spans)} hours of samples with {workers} worker(s)")
     start = time.perf_counter()
-    rows = 0
-    gen_s = write_s = 0.0
+    rows = refs = 0
+    gen_s = write_s = holders_s = 0.0
     done = 0
     next_report = start + 30.0
     ctx = get_context("spawn")
-    initargs = (url, fleet.params(), ids, mem_held_mib)
+    initargs = (url, fleet.params(), ids, mem_held_mib, holders)
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=initargs) as pool:
-        pending: set[Future[tuple[int, float, float]]] = set()
+        pending: set[Future[Span]] = set()
         todo = iter(spans)
         try:
             # A few spans queued per worker, so they are written in roughly time order.
@@ -152,60 +190,69 @@ def load_samples(
                     continue
                 finished, pending = wait(pending, return_when="FIRST_COMPLETED")
                 for fut in finished:
-                    n, g, w = fut.result()
-                    rows, gen_s, write_s, done = rows + n, gen_s + g, write_s + w, done + 1
+                    n, r, g, w, h = fut.result()
+                    rows, refs, gen_s, write_s, holders_s = rows + n, refs + r, gen_s + g, write_s + w, holders_s + h
+                    done += 1
                 now = time.perf_counter()
                 if now >= next_report:
                     rate = rows / (now - start)
                     eta = (len(spans) - done) * (now - start) / max(done, 1)
                     log(
                         f"load: {done}/{len(spans)} hours, {rows:,} rows, {rate:,.0f} rows/s; per hour and worker "
-                        f"{gen_s / done:.2f} s making rows, {write_s / done:.2f} s writing; "
+                        f"{gen_s / done:.2f} s making rows, {write_s / done:.2f} s writing "
+                        f"({holders_s / done:.2f} s of it holders); "
                         f"about {eta / 60:.0f} min left"
                     )
                     next_report = now + 30.0
             for fut in pending:
-                n, g, w = fut.result()
-                rows, gen_s, write_s, done = rows + n, gen_s + g, write_s + w, done + 1
+                n, r, g, w, h = fut.result()
+                rows, refs, gen_s, write_s, holders_s = rows + n, refs + r, gen_s + g, write_s + w, holders_s + h
+                done += 1
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
             raise
     busy = max(gen_s + write_s, 1e-9)
-    log(f"workers spent {gen_s / busy:.0%} of their time making rows, {write_s / busy:.0%} writing them")
-    return rows, time.perf_counter() - start
+    log(
+        f"workers spent {gen_s / busy:.0%} of their time making rows, {write_s / busy:.0%} writing them "
+        f"({holders_s / busy:.0%} writing holders)"
+    )
+    return rows, refs, time.perf_counter() - start
 
 
 def top_up(engine: Engine, fleet: Fleet, ids: dict[str, int], t0: int, mem_held_mib: int) -> tuple[int, int]:
-    """Samples from `t0` to the present, in this process, and instances seen up to their last sample;
-    returns (rows, the new end in epoch s)."""
-    from sqlalchemy import text
-
+    """Samples and their holders from `t0` to the present, in this process, and instances seen up to their last
+    sample; returns (rows, the new end in epoch s)."""
     from app.db import make_sessionmaker, session_scope
     from app.store.inventory import touch_instance
-    from app.store.samples import write_samples
 
     step = fleet.interval_s
     t1 = int(time.time()) // step * step
     if t1 <= t0:
         return 0, t0
-    maker = SampleMaker(fleet, ids)
+    pks = instance_pks(engine)
+    maker = SampleMaker(fleet, ids, pks)
     sessions = make_sessionmaker(engine)
     rows = 0
     spans = hour_spans(t0, t1)
     if len(spans) > 2:
         log(f"topping up {(t1 - t0) / HOUR:.1f} hours of samples, from {utc(t0).isoformat()}")
     for span in spans:
-        chunk = maker.rows(*span)
-        rows += len(chunk)
+        made = maker.make(*span)
+        rows += len(made.rows)
         with session_scope(sessions) as session:
-            write_samples(session, chunk, mem_held_mib=mem_held_mib)
+            store_made(session, made, mem_held_mib)
     with session_scope(sessions) as session:
-        pks = {str(i): int(pk) for i, pk in session.execute(text("SELECT instance_id, id FROM instances"))}
         for inst in fleet.instances:
             seen = last_seen(inst, t1, step)
             if inst.instance_id in pks and seen > t0:
                 touch_instance(session, pks[inst.instance_id], first=utc(fleet.start), last=utc(seen), agent_errors={})
     return rows, t1
+
+
+def count_holders(url: str) -> int:
+    with connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM holders").fetchone()
+    return int(row[0]) if row else 0
 
 
 def vacuum_analyze(url: str) -> float:
@@ -225,10 +272,18 @@ def check_disk(where: Path, rows: int, devices: int, days: int) -> None:
 
 
 def load_fleet(
-    url: str, fleet: Fleet, *, disk: Path | None, workers: int, retention: int, mem_held_mib: int
+    url: str,
+    fleet: Fleet,
+    *,
+    disk: Path | None,
+    workers: int,
+    retention: int,
+    mem_held_mib: int,
+    holders: bool = True,
 ) -> dict[str, Any]:
-    """Inventory and every sample of the fleet, then VACUUM ANALYZE; returns the load figures. `disk` is where
-    the database's files are, when on this machine (the load is refused if it cannot fit)."""
+    """Inventory and every sample of the fleet with its holders (none when `holders` is false: to measure what
+    they cost), then VACUUM ANALYZE; returns the load figures. `disk` is where the database's files are, when on
+    this machine (the load is refused if it cannot fit)."""
     from app.db import make_engine
 
     counts = fleet.counts
@@ -250,8 +305,8 @@ def load_fleet(
     finally:
         engine.dispose()
     log(f"inventory made in {inventory_s:.1f} s")
-    rows, load_s = load_samples(url, fleet, ids, fleet.start, fleet.end, workers, mem_held_mib)
-    log(f"loaded {rows:,} rows in {load_s:.0f} s = {rows / load_s:,.0f} rows/s")
+    rows, refs, load_s = load_samples(url, fleet, ids, fleet.start, fleet.end, workers, mem_held_mib, holders=holders)
+    log(f"loaded {rows:,} rows ({refs:,} holder references) in {load_s:.0f} s = {rows / load_s:,.0f} rows/s")
     log("VACUUM ANALYZE")
     vacuum_s = vacuum_analyze(url)
     size = database_size_mib(url)
@@ -259,6 +314,8 @@ def load_fleet(
     return {
         **{k: counts[k] for k in ("instances", "gpus", "mig_gpus", "slices", "devices")},
         "rows": rows,
+        "holder_refs": refs,
+        "holders": count_holders(url),
         "load_s": round(load_s, 1),
         "rows_per_s": round(rows / load_s),
         "inventory_s": round(inventory_s, 1),

@@ -1,15 +1,18 @@
 """The samples of the synthetic fleet of bench/fleet.py: when each instance sends (spot gaps, instances gone),
-what each device does in each hour (its workload), and the noisy per-interval figures, as sample rows that
-`app.store.samples.write_samples` takes.
+what each device does in each hour (its workload), the noisy per-interval figures and the processes holding each
+device, as sample rows that `app.store.samples.write_samples` takes and holders and references that
+`app.store.holders.store_holders` takes.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+import uuid
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from itertools import accumulate, repeat
+from typing import TYPE_CHECKING, NamedTuple
 
 from bench.fleet import (
     BATCH_INTERVALS,
@@ -19,6 +22,7 @@ from bench.fleet import (
     HOUR,
     IDLE,
     INFERENCE,
+    JOBS,
     SRC_GPM,
     SRC_NONE,
     SRC_SAMPLES,
@@ -102,6 +106,135 @@ def device_hour(pattern: str, key: int, hour: int, offset_h: int, memory_mib: in
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Holders: the processes on each device, which live for a stretch of hours
+
+MAX_HOLDERS = 3
+"""Holders a sample row refers to at most: its `procs`, capped."""
+PID_MAX = 4_194_304
+"""Linux's largest pid_max: pids are drawn below it."""
+STRETCH_HOURS = (3, 4, 6, 8, 12, 24)
+"""How long a job's processes live before they restart (new pids and start times), hours; one per scope."""
+USERS = (
+    "alice", "bob", "carol", "dmitri", "elena", "farid", "grace", "hiro", "ines", "jonas",
+    "kavya", "lars", "mei", "nikolai", "olga", "pedro", "qiang", "rosa", "sven", "tariq",
+    "uma", "viktor", "wen", "xavier", "yara", "zeno", "amara", "bastian", "chloe", "deniz",
+    "emre", "fatima", "gustav", "hana", "ivan", "jia", "kofi", "lucia", "mateo", "noor",
+)  # fmt: skip
+"""Who runs the jobs; uid 2000 + the place in this list."""
+_USER_CUM = list(accumulate(1.0 / (r + 1) ** 1.1 for r in range(len(USERS))))
+"""Cumulative weights, Zipf-like: the first five users run about 60 % of the jobs."""
+NAMESPACES = ("ml-research", "ml-platform", "inference", "vision", "speech", "llm-train", "eval", "notebooks")
+EXECUTABLES: dict[str, tuple[tuple[str, int], ...]] = {
+    TRAINING: (("python3", 5), ("torchrun", 2), ("pt_main_thread", 3)),
+    INFERENCE: (("vllm", 4), ("python3", 3), ("tritonserver", 2)),
+    DAYNIGHT: (("python", 4), ("jupyter-lab", 2), ("python3", 3)),
+    JOBS: (("python3", 6), ("torchrun", 2), ("julia", 1)),
+    HELD: (("python", 5), ("jupyter-lab", 3), ("python3", 2)),
+}
+"""Executable names (/proc/<pid>/comm) per workload, weighted."""
+POD_APPS = {TRAINING: "trainer", INFERENCE: "vllm-server", DAYNIGHT: "notebook", JOBS: "batch-job", HELD: "notebook"}
+KUBERNETES = "kubernetes"
+SLURM = "slurm"
+PLAIN = "plain"
+_BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+class Proc(NamedTuple):
+    """One process as `app.store.holders.HolderRow` describes it, less its slot and instance (and no command
+    line: the agent sends none by default)."""
+
+    pid: int
+    started_at: datetime
+    uid: int
+    executable: str
+    user_name: str
+    container_id: str | None
+    pod_uid: str | None
+    namespace: str | None
+    pod: str | None
+    job_id: str | None
+    job_step: str | None
+
+
+def runs_on(seed: int, inst: InstanceSpec) -> str:
+    """How the instance runs its jobs: Kubernetes pods (a third of them), Slurm jobs (a quarter) or plain
+    processes."""
+    f = frac(seed, inst.key, 40)
+    return KUBERNETES if f < 1 / 3 else SLURM if f < 1 / 3 + 1 / 4 else PLAIN
+
+
+def job_scope(inst: InstanceSpec, device_key: int, pattern: str, mig_slice: bool) -> int:
+    """What one job spans: the whole instance for a training or batch GPU doing what its instance does (one
+    torchrun or Slurm job over its GPUs), else the device alone. Instance scopes are negative, device keys not."""
+    if not mig_slice and pattern == inst.pattern and pattern in (TRAINING, JOBS):
+        return -1 - inst.key
+    return device_key
+
+
+def stretch(seed: int, scope: int, hour: int) -> tuple[int, int]:
+    """The stretch of `scope` that holds `hour` (hours since 1970): its number and its first hour."""
+    length = STRETCH_HOURS[mix(seed, scope, 41) % len(STRETCH_HOURS)]
+    phase = mix(seed, scope, 42) % length
+    n = (hour + phase) // length
+    return n, n * length - phase
+
+
+def _weighted(h: int, choices: tuple[tuple[str, int], ...]) -> str:
+    total = sum(w for _, w in choices)
+    pick = h % total
+    for name, w in choices:
+        if pick < w:
+            return name
+        pick -= w
+    raise AssertionError("unreachable")
+
+
+def _user(h: int) -> int:
+    return min(len(USERS) - 1, bisect_right(_USER_CUM, (h >> 11) / float(1 << 53) * _USER_CUM[-1]))
+
+
+def processes(
+    seed: int, inst: InstanceSpec, kind: str, device_key: int, pattern: str, scope: int, n: int, first_hour: int
+) -> tuple[Proc, ...]:
+    """The MAX_HOLDERS processes of a device in stretch `n` of its scope (from `first_hour`); a sample refers to
+    the first `procs` of them. One job's processes share its user, executable, pod or Slurm job; each device's
+    have their own pids."""
+    job = mix(seed, scope, n, 43)
+    # Half the jobs are the instance's owner's; the rest anyone's.
+    who = mix(seed, inst.key, 44) if frac(job, 1) < 0.5 else mix(job, 2)
+    user = _user(who)
+    executable = _weighted(mix(job, 3), EXECUTABLES[pattern])
+    container_id = pod_uid = namespace = pod = job_id = job_step = None
+    if kind == KUBERNETES:
+        team = inst.tags.get("team", "")
+        namespace = team if team in NAMESPACES and frac(job, 4) < 0.7 else NAMESPACES[mix(job, 5) % len(NAMESPACES)]
+        suffix = "".join(_BASE36[mix(job, 6, i) % 36] for i in range(4))
+        pod = f"{POD_APPS[pattern]}-{mix(job, 7) & 0xFFFF:04x}-{suffix}"
+        pod_uid = str(uuid.UUID(int=mix(job, 8) << 64 | mix(job, 9), version=4))
+        container_id = "".join(f"{mix(job, 10, i):016x}" for i in range(4))
+    elif kind == SLURM:
+        job_id = str(1_000_000 + mix(job, 11) % 9_000_000)
+        job_step = "batch" if mix(job, 12) % 10 < 3 else "0"
+    start = first_hour * HOUR - mix(job, 13) % 600  # started a little before the hour its samples begin
+    return tuple(
+        Proc(
+            1000 + mix(seed, device_key, n, k) % (PID_MAX - 1000),
+            datetime.fromtimestamp(start + 2 * k, UTC),
+            2000 + user,
+            executable,
+            USERS[user],
+            container_id,
+            pod_uid,
+            namespace,
+            pod,
+            job_id,
+            job_step,
+        )
+        for k in range(MAX_HOLDERS)
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Per-interval figures: pools of noisy values per (family, kind, level), picked by the interval's place
 
 POOL = 128
@@ -157,31 +290,56 @@ Tail = tuple[
     int | None,
     int | None,
 ]
+# Holder references of one device's hour: (holders, their slots, the memory each holds MiB, each one's share of
+# the row's seconds); every sample row of that hour refers to the same ones.
+Held = tuple[int, tuple[int, ...], tuple[int, ...], tuple[float, ...]]
 # One device's hour, ready to emit rows: (device id, memory, processes, process memory, util source, ECC count,
-# figures pool or None, pool offset, constant tail or None).
-Plan = tuple[int, int, int, int, int, int | None, list[Figures] | None, int, Tail | None]
+# figures pool or None, pool offset, constant tail or None, holder references or None).
+Plan = tuple[int, int, int, int, int, int | None, list[Figures] | None, int, Tail | None, Held | None]
+
+
+@dataclass
+class Made:
+    """Sample rows of a time range and the holders they refer to: each holder as (slot, instance pk, process),
+    slots unique within one Made, and the references column by column, as `app.store.holders.HolderRefs` keeps
+    them (`ref_ords` are places in `rows`)."""
+
+    rows: list[StageRow] = field(default_factory=list)
+    holders: list[tuple[int, int, Proc]] = field(default_factory=list)
+    ref_ords: list[int] = field(default_factory=list)
+    ref_slots: list[int] = field(default_factory=list)
+    ref_used: list[int | None] = field(default_factory=list)
+    ref_shares: list[float] = field(default_factory=list)
 
 
 @dataclass
 class SampleMaker:
-    """Sample rows of a fleet whose devices have the given ids (UUID -> device id)."""
+    """Sample rows of a fleet whose devices have the given ids (UUID -> device id); with `instance_pks`
+    (instance id -> instances.id) also the holders the rows with processes refer to."""
 
     fleet: Fleet
     device_ids: dict[str, int]
-    _datetimes: dict[int, datetime] = field(default_factory=dict)
+    instance_pks: dict[str, int] | None = None
+    _procs: dict[int, tuple[int, tuple[Proc, ...]]] = field(default_factory=dict)
+    """Per device key, its processes in the stretch last asked for: (stretch number, processes). A worker makes
+    hours roughly in order, so one stretch per device is enough, and a stretch is made once, not every hour."""
 
     def rows(self, t0: int, t1: int) -> list[StageRow]:
         """Every sample of intervals starting in [t0, t1), in the order agents' batches would store them."""
-        out: list[StageRow] = []
+        return self.make(t0, t1).rows
+
+    def make(self, t0: int, t1: int) -> Made:
+        """The rows of `rows`, with their holders when the maker knows the instances' pks."""
+        made = Made()
         step = self.fleet.interval_s
         t = t0 + (self.fleet.start - t0) % step
         while t < t1:
             hour_end = min(t1, (t // HOUR + 1) * HOUR)
-            self._hour(t, hour_end, out.append)
+            self._hour(t, hour_end, made)
             t = hour_end + (self.fleet.start - hour_end) % step
-        return out
+        return made
 
-    def _hour(self, t0: int, t1: int, append: Callable[[StageRow], None]) -> None:
+    def _hour(self, t0: int, t1: int, made: Made) -> None:
         fleet = self.fleet
         step = fleet.interval_s
         hour = t0 // HOUR
@@ -199,7 +357,10 @@ class SampleMaker:
                 online = [not any(a <= t < b for a, b in off) for t in times]
                 if not any(online):
                     continue
-            plans.append((online, self._plans(inst, hour, t0)))
+            plans.append((online, self._plans(inst, hour, t0, made)))
+        out = made.rows
+        append = out.append
+        ords, slots, used, shares = made.ref_ords, made.ref_slots, made.ref_used, made.ref_shares
         n = len(times)
         for b0 in range(0, n, BATCH_INTERVALS):
             b1 = min(n, b0 + BATCH_INTERVALS)
@@ -209,15 +370,24 @@ class SampleMaker:
                         continue
                     ts = stamps[i]
                     slot = first_slot + i
-                    for dev, mem, procs, pmem, src, ecc, figs, offset, tail in devs:
+                    for dev, mem, procs, pmem, src, ecc, figs, offset, tail, held in devs:
                         if tail is not None:
                             append((ts, dev, dur, *tail))
-                        elif figs is not None:
+                        else:
+                            assert figs is not None
                             u, sm, pw, tc, gr, clk = figs[(slot + offset) % POOL]
                             append((ts, dev, dur, mem, u, sm, pw, tc, procs, src, gr, ecc, pmem, clk))
+                        if held is not None:
+                            count, hslots, hused, hshares = held
+                            ords.extend(repeat(len(out) - 1, count))
+                            slots.extend(hslots)
+                            used.extend(hused)
+                            shares.extend(hshares)
 
-    def _plans(self, inst: InstanceSpec, hour: int, t0: int) -> list[Plan]:
+    def _plans(self, inst: InstanceSpec, hour: int, t0: int, made: Made) -> list[Plan]:
         ids = self.device_ids
+        pk = self.instance_pks.get(inst.instance_id) if self.instance_pks is not None else None
+        kind = runs_on(self.fleet.seed, inst)
         plans: list[Plan] = []
         for g in inst.gpus:
             fam = g.family
@@ -226,7 +396,10 @@ class SampleMaker:
                 figs = pool(fam, "gpu", level)
                 pmem = int(mem * 0.97) if procs else 0
                 offset = mix(g.key, hour) % POOL
-                plans.append((ids[g.uuid], mem, procs, pmem, SRC_SAMPLES, 0, figs, offset, None))
+                held = None
+                if pk is not None and procs:
+                    held = self._held(made, inst, pk, kind, g.key, g.pattern, False, hour, procs, pmem)
+                plans.append((ids[g.uuid], mem, procs, pmem, SRC_SAMPLES, 0, figs, offset, None, held))
                 continue
             total_level = 0
             total_mem = total_procs = total_pmem = 0
@@ -238,16 +411,52 @@ class SampleMaker:
                 total_mem += mem
                 total_procs += procs
                 total_pmem += pmem
+                held = None
+                if pk is not None and procs:
+                    held = self._held(made, inst, pk, kind, s.key, s.pattern, True, hour, procs, pmem)
                 if fam.gpm:
                     offset = mix(s.key, hour) % POOL
                     figs = pool(fam, "slice", level)
-                    slice_plans.append((ids[s.uuid], mem, procs, pmem, SRC_GPM, None, figs, offset, None))
+                    slice_plans.append((ids[s.uuid], mem, procs, pmem, SRC_GPM, None, figs, offset, None, held))
                 else:
                     tail: Tail = (mem, None, None, None, None, procs, SRC_NONE, None, None, pmem, None)
-                    slice_plans.append((ids[s.uuid], mem, procs, pmem, SRC_NONE, None, None, 0, tail))
+                    slice_plans.append((ids[s.uuid], mem, procs, pmem, SRC_NONE, None, None, 0, tail, held))
             figs = pool(fam, "parent", round(total_level / 7))
             src = SRC_GPM if fam.gpm else SRC_NONE
             offset = mix(g.key, hour) % POOL
-            plans.append((ids[g.uuid], total_mem, total_procs, total_pmem, src, 0, figs, offset, None))
+            # A MIG-mode GPU's own rows have no holders: its processes are its slices' (docs/ingest-protocol.md).
+            plans.append((ids[g.uuid], total_mem, total_procs, total_pmem, src, 0, figs, offset, None, None))
             plans.extend(slice_plans)
         return plans
+
+    def _held(
+        self,
+        made: Made,
+        inst: InstanceSpec,
+        pk: int,
+        kind: str,
+        key: int,
+        pattern: str,
+        mig_slice: bool,
+        hour: int,
+        procs: int,
+        pmem: int,
+    ) -> Held:
+        """The holders of one device's hour, added to `made` under new slots: the first `procs` (at most
+        MAX_HOLDERS) processes of its stretch, sharing its process memory `pmem` (MiB) out equally."""
+        seed = self.fleet.seed
+        scope = job_scope(inst, key, pattern, mig_slice)
+        n, first_hour = stretch(seed, scope, hour)
+        cached = self._procs.get(key)
+        if cached is None or cached[0] != n:
+            cached = self._procs[key] = (n, processes(seed, inst, kind, key, pattern, scope, n, first_hour))
+        count = min(procs, MAX_HOLDERS)
+        first = len(made.holders)
+        made.holders.extend((first + k, pk, p) for k, p in enumerate(cached[1][:count]))
+        each = pmem // count
+        return (
+            count,
+            tuple(range(first, first + count)),
+            (pmem - each * (count - 1), *repeat(each, count - 1)),
+            (1.0 / count,) * count,
+        )

@@ -11,13 +11,15 @@ The fleet, its loading and these options are bench/pages.py's (bench/fleet_db.py
 loaded database; a run finds the fleet the other kept and only tops it up to the present. 300 instances are
 about 2,000 GPUs. The 30-day reports read 30 days only when the fleet has them: load it with `--days 30`.
 
-Timing: for each window (24h, 7d, 30d), grouping (instance, instance_type, tag:team) and format (json, csv),
-3 untimed requests, then `--runs` sequential ones over one kept-alive connection; a request's time runs until
-its whole answer is read. The run makes its own read token in the database (revoked at the end), so it does
-not depend on how the dashboard pages authenticate. Progress goes to stderr; the last line of stdout is one
-JSON object: p50/p95 ms, bytes, rows and status per combination, and the 30-day report by instance against
-its target (p95 under 300 ms). `--only` times only the combinations whose key ("30d instance json") holds one
-of its substrings; `--compare` holds the p95s against an earlier run's, as bench/pages.py does.
+Timing: for each window (24h, 7d, 30d), grouping (instance, instance_type, tag:team, and the holders' user and
+namespace) and format (json, csv), 3 untimed requests, then `--runs` sequential ones over one kept-alive
+connection; a request's time runs until its whole answer is read. A grouping the server refuses (400) is
+recorded with its status and the run goes on. The run makes its own read token in the database (revoked at the
+end), so it does not depend on how the dashboard pages authenticate. Progress goes to stderr; the last line of
+stdout is one JSON object: p50/p95 ms, bytes, rows and status per combination, and the 30-day reports by
+instance ("target") and by user ("targets", both) as JSON against their target (p95 under 300 ms). `--only`
+times only the combinations whose key ("30d instance json") holds one of its substrings; `--compare` holds the
+p95s against an earlier run's, as bench/pages.py does.
 """
 
 from __future__ import annotations
@@ -51,9 +53,10 @@ from bench.harness import (
 )
 
 WINDOWS = ("24h", "7d", "30d")
-GROUPINGS = ("instance", "instance_type", "tag:team")
+GROUPINGS = ("instance", "instance_type", "tag:team", "user", "namespace")
 FORMATS = ("json", "csv")
-TARGET = ("30d", "instance", "json")
+TARGETS = (("30d", "instance", "json"), ("30d", "user", "json"))
+"""The reports held against TARGET_MS: the first is the result line's "target", all are in "targets"."""
 TARGET_MS = 300.0
 
 
@@ -81,6 +84,18 @@ def time_report(reader: Client, window: str, by: str, fmt: str, runs: int) -> di
         log(f"WARNING: {path} answered {first.status}: {_problem(first.body)}")
     timing = time_get(reader, path, runs=runs, warmup=WARMUP - 1)
     return {**timing.figures(), "rows": _rows(first.status, first.body, fmt)}
+
+
+def target_check(reports: dict[str, dict[str, Any]], key: tuple[str, str, str]) -> dict[str, Any]:
+    """One report against TARGET_MS: met when it answered 200 with a p95 under it."""
+    timed = reports.get(" ".join(key))
+    return {
+        "report": " ".join(key),
+        "status": timed["status"] if timed else None,
+        "p95_ms": timed["p95_ms"] if timed else None,
+        "limit_ms": TARGET_MS,
+        "met": timed is not None and timed["status"] == 200 and timed["p95_ms"] < TARGET_MS,
+    }
 
 
 def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]:
@@ -115,7 +130,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]
 
     figures = prepared.figures
     fleet = prepared.fleet
-    target = reports.get(" ".join(TARGET))
+    targets = [target_check(reports, key) for key in TARGETS]
     result: dict[str, Any] = {
         **{k: figures.get(k) for k in ("instances", "gpus", "mig_gpus", "slices", "devices")},
         "reused": prepared.reused,
@@ -127,12 +142,8 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]
         "workers": args.workers,
         "only": args.only,
         "reports": reports,
-        "target": {
-            "report": " ".join(TARGET),
-            "p95_ms": target["p95_ms"] if target else None,
-            "limit_ms": TARGET_MS,
-            "met": target is not None and target["status"] == 200 and target["p95_ms"] < TARGET_MS,
-        },
+        "target": targets[0],
+        "targets": targets,
         "reports_p95_max_ms": max((r["p95_ms"] for r in reports.values() if r["status"] == 200), default=None),
         "server_log_problems": problems,
         "database": prepared.db.where,
