@@ -38,18 +38,31 @@ def layout_key(gpus: tuple[GpuInfo, ...]) -> tuple[Any, ...]:
 
 class HolderTable:
     """A batch's holders: each described once, numbered from 0 in order of first appearance. `truncated`
-    counts references refused because the table was full."""
+    counts references refused because the table was full.
 
-    def __init__(self) -> None:
+    Cheap for the processes that run on: a holder object already referred to costs a dictionary look-up, and
+    a description the previous batch's table made (`previous`) is reused rather than made again."""
+
+    def __init__(self, previous: HolderTable | None = None) -> None:
         self.entries: list[dict[str, Any]] = []
         self.truncated = 0
+        self.described: dict[tuple[Any, ...], dict[str, Any]] = {}
+        """This table's descriptions, without their numbers, by what tells holders apart."""
         self._ids: dict[tuple[Any, ...], int] = {}
+        self._objects: dict[int, tuple[Holder, int]] = {}  # id(holder) -> (holder, number), the holder kept alive
+        # An empty table (the one a sealed batch leaves until the next opens) passes on what it was given.
+        self._earlier: dict[tuple[Any, ...], dict[str, Any]] = (
+            (previous.described or previous._earlier) if previous is not None else {}
+        )
 
     def __len__(self) -> int:
         return len(self.entries)
 
     def ref(self, holder: Holder) -> int | None:
         """`holder`'s number, described now if it is new; None when the table is full."""
+        seen = self._objects.get(id(holder))
+        if seen is not None and seen[0] is holder:
+            return seen[1]
         key = _described(holder)
         number = self._ids.get(key)
         if number is None:
@@ -58,7 +71,12 @@ class HolderTable:
                 return None
             number = len(self.entries)
             self._ids[key] = number
-            self.entries.append({"id": number, **holder.to_wire()})
+            wire = self._earlier.get(key)
+            if wire is None:
+                wire = holder.to_wire()
+            self.described[key] = wire
+            self.entries.append({"id": number, **wire})
+        self._objects[id(holder)] = (holder, number)
         return number
 
     def missing(self, interval: Interval) -> int:
@@ -72,6 +90,8 @@ class HolderTable:
         """Drop the descriptions from number `count` on (the journal record that held them was not written)."""
         del self.entries[count:]
         self._ids = {key: number for key, number in self._ids.items() if number < count}
+        self._objects = {k: seen for k, seen in self._objects.items() if seen[1] < count}
+        self.described = {key: wire for key, wire in self.described.items() if key in self._ids}
 
 
 def _described(h: Holder) -> tuple[Any, ...]:
@@ -155,6 +175,9 @@ class Batcher:
         self._instance: dict[str, Any] | None = None
         self._layout: tuple[Any, ...] | None = None
         self._gpus_wire: list[dict[str, Any]] | None = None
+        self._gpus_info: tuple[GpuInfo, ...] | None = None
+        self._gpus_key: tuple[Any, ...] = ()
+        self._gpus_made: list[dict[str, Any]] = []
         self._intervals = 0
         self._events = 0
         self._holders = HolderTable()
@@ -173,7 +196,11 @@ class Batcher:
     def add(self, interval: Interval, instance: dict[str, Any], errors: dict[str, int]) -> list[SpooledBatch]:
         """Journal one interval; returns the batches this sealed (usually none, or one)."""
         sealed: list[SpooledBatch] = []
-        key = layout_key(interval.gpus)
+        if interval.gpus != self._gpus_info:  # mostly equal: then the key and the wire form are those made last
+            self._gpus_info = interval.gpus
+            self._gpus_key = layout_key(interval.gpus)
+            self._gpus_made = [g.to_wire() for g in interval.gpus]
+        key = self._gpus_key
         layout_changed = self._layout is not None and key != self._layout
         # A batch describes at most MAX_HOLDERS holders: one that could not describe this interval's is full.
         full = self._intervals > 0 and len(self._holders) + self._holders.missing(interval) > MAX_HOLDERS
@@ -181,7 +208,7 @@ class Batcher:
             sealed += self._seal_open()
         if self._instance is None:
             self._open(instance)
-        gpus = [g.to_wire() for g in interval.gpus]
+        gpus = self._gpus_made
         if gpus != self._gpus_wire:
             self.journal.append({"t": "gpus", "gpus": gpus})
             self._gpus_wire = gpus
@@ -231,7 +258,7 @@ class Batcher:
 
     def _open(self, instance: dict[str, Any]) -> None:
         self.journal.append({"t": "head", "batch_id": new_batch_id(), "instance": instance})
-        self._holders = HolderTable()
+        self._holders = HolderTable(self._holders)
         if self._gpus_wire is not None:
             self.journal.append({"t": "gpus", "gpus": self._gpus_wire})
         self._instance = instance
@@ -243,7 +270,7 @@ class Batcher:
         self._instance = None
         self._intervals = 0
         self._events = 0
-        self._holders = HolderTable()
+        self._holders = HolderTable(self._holders)
         return [sealed] if sealed is not None else []
 
     def _seal_records(self, records: list[dict[str, Any]]) -> SpooledBatch | None:

@@ -12,6 +12,12 @@ interval over the measured window, after a warm-up, and its peak resident memory
 NVML runs inside the agent process in Python, so its cost is included; real NVML calls are C calls. At the
 end the agent is stopped with SIGTERM and the database is checked: every interval the agent collected
 must be stored exactly once. Progress goes to stderr; the last line on stdout is one JSON object.
+
+The simulation's share is measured apart, in this process: the agent's collector runs the same scenario for
+as many intervals, on a clock that steps one interval between collections, and every call into the simulated
+NVML is timed with this thread's CPU clock (less what the timing itself costs). `fake_nvml_cpu_ms_per_interval`
+is that share and `agent_cpu_ms_per_interval` the total less it: what the agent would cost over real NVML,
+whose calls are C calls. `cpu_ms_per_interval` stays the whole measured figure.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +73,91 @@ def peak_rss_mib(pid: int) -> float:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024
     raise BenchError("no VmHWM in /proc status")
+
+
+class FakeMeter:
+    """The simulated NVML behind a proxy that adds up the CPU time (this thread's) its calls take: every nvml*
+    function and the C entry points `_nvmlGetFunctionPointer` hands out. A call made from inside another is
+    the outer one's."""
+
+    def __init__(self, lib: Any) -> None:
+        self._lib = lib
+        self.spent_s: float = 0.0
+        self.calls = 0
+        self._inside = False
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._lib, name)
+        if name.startswith(("nvml", "_nvml")) and callable(value) and not isinstance(value, type):
+            value = self._lookup(self.timed(value)) if name == "_nvmlGetFunctionPointer" else self.timed(value)
+        self.__dict__[name] = value  # looked up once, as the agent looks constants and functions up often
+        return value
+
+    def timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self._inside:
+                return fn(*args, **kwargs)
+            self._inside = True
+            start = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.spent_s += time.thread_time() - start
+                self.calls += 1
+                self._inside = False
+
+        call.__name__ = getattr(fn, "__name__", "nvml")  # the agent counts failures under the function's name
+        return call
+
+    def _lookup(self, lookup: Callable[[str], Any]) -> Callable[[str], Any]:
+        entry_points: dict[str, Any] = {}
+
+        def find(symbol: str) -> Any:
+            if symbol not in entry_points:
+                entry_points[symbol] = self.timed(lookup(symbol))
+            return entry_points[symbol]
+
+        return find
+
+    def overhead_s(self, calls: int = 20_000) -> float:
+        """CPU time one timed call of nothing records: the timing's own share of each call's figure."""
+        probe = FakeMeter(None)
+        noop = probe.timed(lambda: None)
+        for _ in range(calls):
+            noop()
+        return probe.spent_s / calls
+
+
+def fake_share(args: argparse.Namespace) -> float:
+    """The simulated NVML's CPU time per interval, ms, over `args.intervals` collections of the scenario, in
+    this process (see the module's description)."""
+    from agent import fake_nvml
+    from agent.collect import Collector
+    from agent.config import load_config
+    from agent.nvml import Nvml
+    from agent.run import holder_reader
+
+    stepped = [time.time(), time.monotonic()]  # the clock's reading at the last step, and when it was taken
+
+    def clock() -> float:  # time runs within an interval; between two, it jumps to the next one's end
+        return stepped[0] + time.monotonic() - stepped[1]
+
+    meter = FakeMeter(fake_nvml.load(args.scenario, clock=clock))
+    config = load_config({"GPUFLEET_AGENT_HOLDERS": args.holders}, config_file=Path(os.devnull))
+    nvml = Nvml.open(meter)
+    collector = Collector(nvml, clock=clock, holders=holder_reader(config, meter))
+    collector.start()
+    try:
+        for k in range(args.warmup + args.intervals):
+            if k == args.warmup:
+                meter.spent_s, meter.calls = 0.0, 0
+            stepped[:] = [stepped[0] + args.interval, time.monotonic()]
+            collector.collect()
+        spent: float = meter.spent_s - meter.calls * meter.overhead_s()
+    finally:
+        collector.close()
+        nvml.close()
+    return max(spent, 0.0) * 1000 / int(args.intervals)
 
 
 def journaled(log_path: Path) -> int:
@@ -130,12 +222,17 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]
         ).fetchone() or (0, 0, 0)
         batches = conn.execute("SELECT count(*) FROM ingest_batches").fetchone()
     measured = end_count - start_count
+    total_ms = (end_cpu - start_cpu) * 1000 / measured
+    log("measuring the simulated NVML's share")
+    fake_ms = fake_share(args)
     result = {
         "scenario": args.scenario,
         "holders": args.holders,
         "interval_s": args.interval,
         "intervals_measured": measured,
-        "cpu_ms_per_interval": round((end_cpu - start_cpu) * 1000 / measured, 2),
+        "cpu_ms_per_interval": round(total_ms, 2),
+        "fake_nvml_cpu_ms_per_interval": round(fake_ms, 2),
+        "agent_cpu_ms_per_interval": round(total_ms - fake_ms, 2),
         "cpu_percent_of_one_core": round((end_cpu - start_cpu) / (end_wall - start_wall) * 100, 2),
         "rss_mib": round(rss, 1),
         "samples_per_interval": round(rows / max(intervals, 1), 1),

@@ -21,6 +21,7 @@ from .source import PERMANENT, ask
 from .topology import GpuDevice
 
 _MIB = 1024 * 1024
+_MEMORY_KEYS = {scope: (f"{scope}memory_v2", f"{scope}memory_v1") for scope in ("", "mig:")}
 
 
 class DeviceSource:
@@ -33,6 +34,7 @@ class DeviceSource:
         self._temp_sensor = lib.NVML_TEMPERATURE_GPU
         self._clock_sm = lib.NVML_CLOCK_SM
         self._ecc_args = (lib.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, lib.NVML_VOLATILE_ECC)
+        self._memory_v2 = lib.nvmlMemory_v2
         self.processes = ProcessReader(nvml)
 
     def poll(self, gpu: GpuDevice) -> None:
@@ -83,18 +85,12 @@ class DeviceSource:
 
     def _memory_used(self, gpu: GpuDevice, handle: Any, scope: str, figure: str, grant: str) -> int | None:
         lib, nvml, unsupported = self.nvml.lib, self.nvml, gpu.unsupported
+        v2, v1 = _MEMORY_KEYS[scope]
         info: Any = Absent("not_supported")
-        if f"{scope}memory_v2" not in unsupported:
-            info = ask(
-                nvml,
-                unsupported,
-                lib.nvmlDeviceGetMemoryInfo,
-                handle,
-                version=lib.nvmlMemory_v2,
-                key=f"{scope}memory_v2",
-            )
-        if isinstance(info, Absent) and f"{scope}memory_v2" in unsupported:
-            info = ask(nvml, unsupported, lib.nvmlDeviceGetMemoryInfo, handle, key=f"{scope}memory_v1")
+        if v2 not in unsupported:
+            info = ask(nvml, unsupported, lib.nvmlDeviceGetMemoryInfo, handle, version=self._memory_v2, key=v2)
+        if isinstance(info, Absent) and v2 in unsupported:
+            info = ask(nvml, unsupported, lib.nvmlDeviceGetMemoryInfo, handle, key=v1)
         if isinstance(info, Absent):
             if info.reason == "no_permission":
                 gpu.deny(figure, "nvmlDeviceGetMemoryInfo", grant)

@@ -36,6 +36,7 @@ class GpmSource:
         lib = nvml.lib
         self._metric_ids = (lib.NVML_GPM_METRIC_GRAPHICS_UTIL, lib.NVML_GPM_METRIC_SM_UTIL)
         self._request: Any = None
+        self._entries: list[Any] = []
         self._spare: list[Any] = []
         self._held: list[dict[Any, Any]] = []
 
@@ -146,23 +147,26 @@ class GpmSource:
 
     def _metrics(self, first: Any, second: Any) -> tuple[float | None, float | None] | Absent:
         lib = self.nvml.lib
-        if self._request is None:
-            self._request = lib.c_nvmlGpmMetricsGet_t()
         request = self._request
-        request.version = lib.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = len(self._metric_ids)
+        if request is None:
+            # Version, count and metric ids are inputs NVML leaves alone: set once, for every later call.
+            request = self._request = lib.c_nvmlGpmMetricsGet_t()
+            request.version = lib.NVML_GPM_METRICS_GET_VERSION
+            request.numMetrics = len(self._metric_ids)
+            metrics = request.metrics
+            self._entries = [metrics[i] for i in range(len(self._metric_ids))]  # views into `request`
+            for entry, metric in zip(self._entries, self._metric_ids, strict=True):
+                entry.metricId = metric
         request.sample1 = first
         request.sample2 = second
-        for i, metric in enumerate(self._metric_ids):
-            request.metrics[i].metricId = metric
         got = self.nvml.call(lib.nvmlGpmMetricsGet, request)
         if isinstance(got, Absent):
             return got
         values: list[float | None] = []
-        for i in range(len(self._metric_ids)):
-            entry = request.metrics[i]
-            ok = int(entry.nvmlReturn) == 0 and 0 <= entry.value <= 100.5
-            values.append(min(100.0, float(entry.value)) if ok else None)
+        for entry in self._entries:
+            value = entry.value
+            ok = int(entry.nvmlReturn) == 0 and 0 <= value <= 100.5
+            values.append(min(100.0, float(value)) if ok else None)
         return values[0], values[1]
 
 

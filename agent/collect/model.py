@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import attrgetter
 from typing import Any
 
 from .holders import Holder
@@ -118,8 +119,7 @@ class Reading:
     def to_wire(self, ref: HolderRef | None = None) -> dict[str, Any]:
         """The sample; with `ref`, its holders as references into the batch's holders table."""
         wire: dict[str, Any] = {"uuid": self.uuid, "util_source": self.util_source}
-        for name in _READING_FIGURES:
-            value = getattr(self, name)
+        for name, value in zip(_READING_FIGURES, _figures(self), strict=True):
             if value is not None:
                 wire[name] = round(value, 2) if isinstance(value, float) else value
         if ref is not None and self.holders:
@@ -149,6 +149,7 @@ _READING_FIGURES = (
     "procs",
     "procs_mem_mib",
 )
+_figures = attrgetter(*_READING_FIGURES)
 
 
 @dataclass(slots=True)

@@ -32,6 +32,7 @@ _NOT_AVAILABLE = (1 << 64) - 1
 _NO_ID = 0xFFFFFFFF
 _PID_MAX = 1 << 22  # Linux's largest pid_max
 _SUCCESS, _INSUFFICIENT_SIZE = 0, 7
+_KEPT_RECORDS = 4096  # records remembered for reuse; more are forgotten all at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,9 @@ class ProcessReader:
         self.symbol: str | None = None
         self.record_bytes: int | None = None
         self._fn: Callable[..., int] | None = None
+        self._room = 0
+        self._buffer: Any = None
+        self._records: dict[tuple[int, ...], ProcessRecord] = {}
 
     def read(self, handle: Any) -> list[ProcessRecord] | Absent:
         """The processes on `handle`, or why not (counted under the C function's name)."""
@@ -60,30 +64,50 @@ class ProcessReader:
         if isinstance(fn, Absent):
             return fn
         assert self.symbol is not None
-        count = ctypes.c_uint(0)
-        ret = int(fn(handle, ctypes.byref(count), None))
-        if ret == _SUCCESS:
-            return []
-        if ret != _INSUFFICIENT_SIZE:
-            return self._failed(ret)
-        room = count.value * 2 + 5  # processes may start between the two calls
-        buffer = (ctypes.c_ubyte * (room * _WIDEST))()
-        ctypes.memset(buffer, _MARK, room * _WIDEST)
-        count.value = room
-        ret = int(fn(handle, ctypes.byref(count), buffer))
+        # One call into a buffer with room for the most processes seen so far; only a device with more needs
+        # a second, with room for twice what it said (processes may start between the two calls).
+        count = ctypes.c_uint(self._room)
+        ret = int(fn(handle, ctypes.byref(count), self._fill()))
+        if ret == _INSUFFICIENT_SIZE:
+            self._room = count.value * 2 + 5
+            self._buffer = None
+            count.value = self._room
+            ret = int(fn(handle, ctypes.byref(count), self._fill()))
         if ret != _SUCCESS:
             return self._failed(ret)
         n = count.value
         if n == 0:
             return []
-        raw = bytes(buffer)
-        size = self.record_bytes or self._learn(raw, n)
+        size = self.record_bytes or self._learn(bytes(self._buffer), n)
         if size is None:
             return self._failed(None, "layout_unknown")
-        layout = _LAYOUTS[size]
-        records = [_record(layout.unpack_from(raw, i * size)) for i in range(n)]
+        records = self._unpack(_LAYOUTS[size], ctypes.string_at(self._buffer, n * size))
         if any(not 0 < r.pid <= _PID_MAX for r in records):
             return self._failed(None, "implausible_pid")
+        return records
+
+    def _fill(self) -> Any:
+        """The buffer for `_room` records (None while there is no room), filled with the marker until the record
+        size is known."""
+        if not self._room:
+            return None
+        if self._buffer is None:
+            self._buffer = (ctypes.c_ubyte * (self._room * _WIDEST))()
+        if self.record_bytes is None:
+            ctypes.memset(self._buffer, _MARK, self._room * _WIDEST)
+        return self._buffer
+
+    def _unpack(self, layout: struct.Struct, raw: bytes) -> list[ProcessRecord]:
+        """The records in `raw`; a record seen before (same process, memory and place) is the same object."""
+        known = self._records
+        if len(known) > _KEPT_RECORDS:
+            known.clear()
+        records = []
+        for fields in layout.iter_unpack(raw):
+            record = known.get(fields)
+            if record is None:
+                record = known[fields] = _record(fields)
+            records.append(record)
         return records
 
     def _entry_point(self) -> Callable[..., int] | Absent:

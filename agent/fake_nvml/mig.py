@@ -19,6 +19,7 @@ GPM_METRIC_IDS: dict[int, tuple[str, bytes, bytes]] = {
     5: ("tensor", b"any_tensor_util", b"Any tensor activity"),
     10: ("dram", b"dram_bw_util", b"DRAM bandwidth utilization"),
 }
+_get, _set = object.__getattribute__, object.__setattr__  # a ctypes field itself, past the binding's wrapper
 _FACTORS = {"graphics": None, "sm": "f_sm", "occ": "f_occ", "tensor": "f_tensor", "dram": "f_dram"}
 
 
@@ -135,7 +136,7 @@ class MigCalls(Controls):
         """Snapshot the whole GPU's counters (also in MIG mode) into `gpmSample`."""
         gpu = self._gpm_gpu("nvmlGpmSampleGet", device)
         now = self._now()
-        self._advance_counters(gpu, now)
+        _accumulate(gpu.counters, gpu.weights, now)  # its instances' counters catch up when they are read
         sample = self._sample(gpmSample)
         sample.gpu, sample.gi_id, sample.t, sample.totals = gpu, None, now, dict(gpu.counters.totals)
         return gpmSample
@@ -149,7 +150,7 @@ class MigCalls(Controls):
         if gi is None:
             raise error(nv.NVML_ERROR_NOT_FOUND)
         now = self._now()
-        self._advance_counters(gpu, now)
+        _accumulate(gi.counters, gi.weights, now)
         sample = self._sample(gpmSample)
         sample.gpu, sample.gi_id, sample.t, sample.totals = gpu, gpuInstanceId, now, dict(gi.counters.totals)
         return gpmSample
@@ -159,29 +160,34 @@ class MigCalls(Controls):
         them) and metrics[i].nvmlReturn. Like the hardware, it cannot know that two samples of one GPU-instance
         id come from two different instances: if the instance was remade in between, the answer is wrong."""
         self._begin("nvmlGpmMetricsGet")
+        # The binding's structs read and write every field through Python (to turn str into bytes); no string
+        # is read here and only bytes are written, so the fields are used directly: the same values, cheaper.
         mg = metricsGet
-        if mg.version != nv.NVML_GPM_METRICS_GET_VERSION or not 0 < mg.numMetrics <= nv.NVML_GPM_METRIC_MAX:
+        count = _get(mg, "numMetrics")
+        if _get(mg, "version") != nv.NVML_GPM_METRICS_GET_VERSION or not 0 < count <= nv.NVML_GPM_METRIC_MAX:
             raise error(nv.NVML_ERROR_INVALID_ARGUMENT)
-        s1, s2 = self._sample(mg.sample1), self._sample(mg.sample2)
+        s1, s2 = self._sample(_get(mg, "sample1")), self._sample(_get(mg, "sample2"))
         gpu = s1.gpu
         if gpu is None or s2.gpu is not gpu or s1.gi_id != s2.gi_id or s2.t - s1.t < GPM_MIN_GAP_S:
             raise error(nv.NVML_ERROR_INVALID_ARGUMENT)
         if self._failures:
             self._check("nvmlGpmMetricsGet", gpu.index, None)
         dt = s2.t - s1.t
-        for i in range(mg.numMetrics):
-            metric = mg.metrics[i]
-            known = GPM_METRIC_IDS.get(metric.metricId)
+        metrics = _get(mg, "metrics")
+        for i in range(count):
+            metric = metrics[i]
+            known = GPM_METRIC_IDS.get(_get(metric, "metricId"))
             if known is None:
-                metric.nvmlReturn = nv.NVML_ERROR_NOT_SUPPORTED
-                metric.value = 0.0
+                _set(metric, "nvmlReturn", nv.NVML_ERROR_NOT_SUPPORTED)
+                _set(metric, "value", 0.0)
                 continue
             rise = s2.totals[known[0]] - s1.totals[known[0]]
-            metric.nvmlReturn = nv.NVML_SUCCESS
-            metric.value = min(100.0, max(0.0, rise / dt))
-            metric.metricInfo.shortName = known[1]
-            metric.metricInfo.longName = known[2]
-            metric.metricInfo.unit = b"%"
+            _set(metric, "nvmlReturn", nv.NVML_SUCCESS)
+            _set(metric, "value", min(100.0, max(0.0, rise / dt)))
+            info = _get(metric, "metricInfo")
+            _set(info, "shortName", known[1])
+            _set(info, "longName", known[2])
+            _set(info, "unit", b"%")
         return mg
 
     def _advance_counters(self, gpu: Gpu, t: float) -> None:

@@ -119,11 +119,9 @@ class ProcessCalls(Controls):
             return int(nv.NVML_SUCCESS)
         if infos is None or room < len(procs):
             return int(nv.NVML_ERROR_INSUFFICIENT_SIZE)
-        layout = RECORDS[stride]
-        for i, p in enumerate(procs):
-            fields: tuple[int, ...] = (p.pid, p.used_bytes, p.gi_id, p.ci_id, 0)
-            packed = layout.pack(*fields[: _ARITY[stride]])
-            ctypes.memmove(infos + i * stride, packed, stride)
+        pack, arity = RECORDS[stride].pack, _ARITY[stride]
+        packed = b"".join(pack(*(p.pid, p.used_bytes, p.gi_id, p.ci_id, 0)[:arity]) for p in procs)
+        ctypes.memmove(infos, packed, len(packed))
         return int(nv.NVML_SUCCESS)
 
     def _binding_list(self, symbol: str, record: Any, handle: Any) -> list[Any]:

@@ -190,6 +190,27 @@ def test_each_batch_describes_its_holders_afresh(tmp_path: Path) -> None:
     ]
 
 
+def test_holders_kept_from_batch_to_batch_are_described_as_new_ones_would_be(tmp_path: Path) -> None:
+    """The table reuses a holder object's number and the previous batch's descriptions: the batches are the same
+    as with a fresh object and description each time, and a holder whose description changed is described anew."""
+    kept, fresh = batcher(tmp_path / "kept", n=2), batcher(tmp_path / "fresh", n=2)
+    job = holder(11, job_id="48213")
+    pod = holder(12, pod_uid="u")
+    named = replace(pod, namespace="inference", pod="vllm-0")
+    steps = [{"GPU-a": (job, pod)}, {"GPU-a": (job, pod)}, {"GPU-a": (job, named)}, {"GPU-a": (named, job)}]
+    for n, by_device in enumerate(steps):
+        kept.add(held(n, by_device), INSTANCE, {})
+        copies = {uuid: tuple(replace(h) for h in hs) for uuid, hs in by_device.items()}
+        fresh.add(held(n, copies), INSTANCE, {})
+    documents = [[{k: v for k, v in doc.items() if k != "batch_id"} for doc in sealed(b)] for b in (kept, fresh)]
+    assert documents[0] == documents[1]
+    second = documents[0][1]
+    assert [(h["pid"], h.get("pod")) for h in second["holders"]] == [(11, None), (12, "vllm-0")]
+    assert [s["holders"] for s in second["intervals"][1]["samples"]] == [
+        [{"ref": 1, "used_mib": 1000}, {"ref": 0, "used_mib": 1000}]
+    ]
+
+
 def test_a_batch_without_holders_is_what_it_was() -> None:
     doc = build_batch(batch_id="b", instance=INSTANCE, gpus=[], intervals=[], events=[], interval_s=10, holders=[])
     assert "holders" not in doc

@@ -88,6 +88,20 @@ def test_process_counts_and_memory_are_right_on_every_driver_layout(
     assert h.nvml.take_errors() == {}
 
 
+def test_a_process_list_costs_one_call_once_the_room_is_known(host: Callable[..., Host]) -> None:
+    """The first list asks how many processes there are; after that the buffer has room, and each device's list
+    is one call, with the same figures."""
+    h = host("p4d-mig")
+    h.interval()
+    symbol = h.collector.device.processes.symbol
+    assert symbol is not None
+    before = h.lib.calls[symbol]
+    interval = h.interval()
+    listed = 8 + sum(len(g.slices) for g in interval.gpus)
+    assert h.lib.calls[symbol] - before <= listed
+    assert _process_figures(h, interval) == _true_process_figures(h, interval)
+
+
 def test_the_binding_s_own_reader_misreads_early_r535_records(host: Callable[..., Host]) -> None:
     """Why the agent reads the C entry point itself: nvidia-ml-py reads fixed-size records, and 535.43-535.86
     wrote bigger ones, so every record after the first is misread (XuehaiPan/nvitop#75)."""
