@@ -43,7 +43,7 @@ from .fleet import DAY, DEFAULT_INSTANCES, DEFAULT_SEED, GRID_S, STORIES, STORIE
 from .imds import MetadataServer
 from .signer import DEMO_ACCOUNT, IdentitySigner
 
-DAYS = 14
+DAYS = history.DAYS
 """Days of history the demo starts with."""
 INTERVALS = (5, 10, 15, 20, 30, 60)
 """Live intervals the demo offers, s: each divides the 5-minute grid of the history."""
@@ -349,4 +349,11 @@ def _legend(fleet: DemoFleet, agents: LiveAgents, interval_s: int, url: str) -> 
         print(f"  - and {extra} more instances at work in the background", flush=True)
     say("over time: the overview charts GPU-hours by state and compares each figure with the previous window;")
     print("  /heatmap?window=7d draws every instance hour by hour (rows=gpu or rows=tag:team for others)", flush=True)
+    say("who leaves GPUs idle: /waste?group_by=user splits the waste by whose processes held each GPU;")
+    print(
+        "  asmith's idle notebook, mchen's Slurm job on the p4d nodes, root's vLLM pods on the p5's slices, and "
+        "(none) for time no process held (also group_by=process, container, namespace, pod or job)",
+        flush=True,
+    )
+    say(f"the same as a report: curl '{url}api/v1/report?window=7d&group_by=user'")
     say(f"every page also answers JSON: curl -H 'Accept: application/json' {url}gpus/idle")

@@ -66,6 +66,12 @@ def test_the_demo_tells_its_stories_live_and_stops_everything(tmp_path: Path) ->
         assert any(r["instance"]["name"] == "vision-finetune-dev" for r in idle_json["rows"])
         mig = text_of(get(url + "mig"))
         assert "inference-serving" in mig and "shared-a100-mig" in mig
+        # Who leaves GPUs idle: the history's holders, split by user (asmith's notebook holds a GPU idle).
+        assert "/waste?group_by=user" in demo.output and "api/v1/report?window=7d&group_by=user" in demo.output
+        report = json.loads(get(url + "api/v1/report?window=7d&group_by=user", accept="application/json"))
+        users = {row["group"]["user"]: row for row in report["rows"]}
+        assert users["asmith"]["idle_held_cost"] > 0, sorted(users)
+        assert "mchen" in users and "(none)" in users, sorted(users)
         [page] = re.findall(r"what to grant: /(instances/i-0[0-9a-f]+)", demo.output)
         locked = text_of(get(url + page))
         assert "a100-mig-locked-down" in locked and "MIG monitor capability" in locked

@@ -238,3 +238,38 @@ def test_the_locked_down_a100_host_names_the_figures_it_could_not_read(
     }
     slices = sorted(s.profile for s in fleet.slices_by_gpu[gpus[0].pk])
     assert slices == ["1g.5gb"] * 7, "A100 40GB profiles, though the parent's memory was refused"
+
+
+def test_the_history_says_who_held_each_device(loaded: Loaded, module_sessions: sessionmaker[Session]) -> None:
+    users = text(
+        "SELECT h.user_name, sum(r.secs) / 3600 AS hours, sum(r.lt5_s) / 3600 AS idle_held_hours, "
+        "array_agg(DISTINCT h.job_id) AS jobs, array_agg(DISTINCT h.namespace) AS namespaces "
+        "FROM holder_rollups_daily r JOIN holders h ON h.id = r.holder_id GROUP BY 1"
+    )
+    # Per device, its holders' seconds against its own: shares of one interval add up to the interval at most.
+    over = text(
+        "SELECT h.device_id, h.secs, d.secs FROM (SELECT device_id, sum(secs) AS secs FROM holder_rollups_daily "
+        "GROUP BY 1) h LEFT JOIN (SELECT device_id, sum(secs) AS secs FROM rollups_hourly GROUP BY 1) d "
+        "ON d.device_id = h.device_id WHERE d.secs IS NULL OR h.secs > d.secs + 1e-6"
+    )
+    starts = text("SELECT count(*) FROM holders WHERE started_at IS NULL OR started_at > first_seen")
+    with module_sessions() as session:
+        by_user = {r.user_name: r for r in session.execute(users)}
+        assert session.execute(over).all() == []
+        assert session.scalar(starts) == 0
+    # asmith's notebook holds a GPU of the locked-down A100 host, idle, all along.
+    assert by_user["asmith"].hours == pytest.approx(DAYS * 24, rel=0.01)
+    assert by_user["asmith"].idle_held_hours == pytest.approx(by_user["asmith"].hours)
+    # mchen's Slurm job runs on the 16 GPUs of the two p4d training nodes in office hours only.
+    assert by_user["mchen"].jobs == ["48213"]
+    assert 16 * 20 < by_user["mchen"].hours < 16 * DAYS * 12
+    # The inference p5's vLLM pods are root's, in namespace inference (with the other root pods and containers).
+    assert "inference" in by_user["root"].namespaces
+    with module_sessions() as session:
+        slices = session.scalar(
+            text(
+                "SELECT count(DISTINCT r.device_id) FROM holder_rollups_daily r JOIN holders h ON h.id = r.holder_id "
+                "JOIN mig_slices m ON m.id = r.device_id WHERE h.namespace = 'inference' AND h.executable = 'vllm'"
+            )
+        )
+    assert slices == 25, "every slice of the inference p5 but the two unused ones"
