@@ -137,11 +137,46 @@ def holder_key(name: str) -> Callable[[Part], tuple[str, str]] | None:
     return of
 
 
+GROUP_COLUMNS: dict[str, tuple[str, ...]] = {
+    "user": ("uid", "user_name"),
+    "process": ("executable",),
+    "container": ("container_id",),
+    "namespace": ("namespace",),
+    "pod": ("pod_uid", "namespace", "pod"),
+    "job": ("job_id",),
+}
+"""The `holders` columns each grouping by holder reads."""
+_INFO_COLUMNS = (
+    ("instance_pk", "int8"),
+    ("pid", "int4"),
+    ("executable", "text"),
+    ("uid", "int8"),
+    ("user_name", "text"),
+    ("container_id", "text"),
+    ("pod_uid", "text"),
+    ("namespace", "text"),
+    ("pod", "text"),
+    ("job_id", "text"),
+    ("started_at", "timestamptz"),
+)
+"""HolderInfo's fields after its id, before its first and last seen, with their types."""
+_SUMS = ("secs", "util_known_s", "util_sum", "lt{b}_s", "mem_known_s", "mem_mib_s")
+
+
+def holder_columns(names: Sequence[str]) -> tuple[str, ...]:
+    """The `holders` columns the named groupings by holder read, in HolderInfo's order."""
+    wanted = {c for n in names for c in GROUP_COLUMNS.get(n, ())}
+    return tuple(c for c, _t in _INFO_COLUMNS if c in wanted)
+
+
 @lru_cache(maxsize=64)
-def _held_sql(bound: int, shape: tuple[tuple[str, int], ...], filtered: bool) -> str:
+def _held_sql(bound: int, shape: tuple[tuple[str, int], ...], filtered: bool, columns: tuple[str, ...] | None) -> str:
+    """Per device and holder (`columns` None), or per device and value of `columns` (holders alike in them taken
+    together, so a month by user is a row per device and user rather than per process): the sums over the window,
+    then HolderInfo's fields (NULL for one not read) with its first and last seen."""
     if bound not in UTIL_BOUNDS:
         raise ValueError(f"idle threshold {bound} is not a rollup bound")
-    names = ("secs", "util_known_s", "util_sum", f"lt{bound}_s", "mem_known_s", "mem_mib_s")
+    names = [n.format(b=bound) for n in _SUMS]
     device_filter = " AND device_id = ANY(CAST(:ids AS int4[]))" if filtered else ""
     parts = []
     for i, (table, sign) in enumerate(shape):
@@ -151,20 +186,34 @@ def _held_sql(bound: int, shape: tuple[tuple[str, int], ...], filtered: bool) ->
             f"SELECT device_id, holder_id, {cols} FROM {name} "
             f"WHERE {time_col} >= :t{i}a AND {time_col} < :t{i}b{device_filter}"
         )
+    rollups = " UNION ALL ".join(parts)
     sums = ", ".join(f"CAST(sum({n}) AS float8) AS {n}" for n in names)
+    if columns is None:
+        info = ", ".join(f"h.{c}" for c, _t in _INFO_COLUMNS)
+        return (
+            f"SELECT u.*, {info}, h.first_seen, h.last_seen FROM (SELECT device_id, holder_id, {sums} "
+            f"FROM ({rollups}) r GROUP BY 1, 2 HAVING sum(secs) > 0.001) u JOIN holders h ON h.id = u.holder_id"
+        )
+    info = ", ".join(f"h.{c}" if c in columns else f"CAST(NULL AS {t})" for c, t in _INFO_COLUMNS)
+    keys = ", ".join(f"h.{c}" for c in columns)
     return (
-        f"SELECT u.*, h.instance_pk, h.pid, h.executable, h.uid, h.user_name, h.container_id, h.pod_uid, "
-        "h.namespace, h.pod, h.job_id, h.started_at, h.first_seen, h.last_seen "
-        f"FROM (SELECT device_id, holder_id, {sums} "
-        f"FROM ({' UNION ALL '.join(parts)}) r GROUP BY 1, 2 HAVING sum(secs) > 0.001) u "
-        "JOIN holders h ON h.id = u.holder_id"
+        f"SELECT r.device_id, 0, {sums}, {info}, min(h.first_seen), max(h.last_seen) "
+        f"FROM ({rollups}) r JOIN holders h ON h.id = r.holder_id "
+        f"GROUP BY r.device_id, {keys} HAVING sum(secs) > 0.001"
     )
 
 
 def held_usage(
-    session: Session, window: Window, *, idle_util_pct: int, device_ids: Sequence[int] | None = None
+    session: Session,
+    window: Window,
+    *,
+    idle_util_pct: int,
+    device_ids: Sequence[int] | None = None,
+    columns: tuple[str, ...] | None = None,
 ) -> tuple[dict[int, list[HeldUsage]], dict[int, HolderInfo]]:
-    """Per device, its holders' parts over the window, and the holders they name; `device_ids` narrows the read."""
+    """Per device, its holders' parts over the window, and the holders they name; `device_ids` narrows the read.
+    With `columns` (holder_columns), a holder is every process alike in them, numbered here, with only those
+    fields."""
     reads = window.rollup_reads()
     by_device: dict[int, list[HeldUsage]] = {}
     holders: dict[int, HolderInfo] = {}
@@ -175,13 +224,18 @@ def held_usage(
         params[f"t{i}a"], params[f"t{i}b"] = r.start, r.end
     if device_ids is not None:
         params["ids"] = list(device_ids)
-    sql = _held_sql(idle_util_pct, tuple((r.table, r.sign) for r in reads), device_ids is not None)
+    sql = _held_sql(idle_util_pct, tuple((r.table, r.sign) for r in reads), device_ids is not None, columns)
     make_usage, make_holder = HeldUsage._make, HolderInfo._make
+    numbers: dict[tuple[Any, ...], int] = {}
     for row in fetch_binary(session, sql, params):
-        usage = make_usage(row[:8])
+        holder_id = row[1]
+        if columns is not None:
+            values = tuple(row[8:19])
+            holder_id = numbers.setdefault(values, len(numbers) + 1)
+        usage = make_usage((row[0], holder_id, *row[2:8]))
         by_device.setdefault(usage.device_id, []).append(usage)
-        if usage.holder_id not in holders:
-            holders[usage.holder_id] = make_holder((usage.holder_id, *row[8:]))
+        if holder_id not in holders:
+            holders[holder_id] = make_holder((holder_id, *row[8:]))
     return by_device, holders
 
 

@@ -20,7 +20,7 @@ from ..models import Event
 from .figures import GPU, HOURS_PER_MONTH, SLICE, Figures, Unit, usage_figures
 from .fleet import Fleet, GpuInfo, SliceInfo, layout_known
 from .grouping import GroupRow, group_rows, per_instance, summarise
-from .holders import Part, held_usage, split_units
+from .holders import Part, held_usage, holder_columns, split_units
 from .states import UNPARTITIONED, Thresholds
 from .usage import DeviceUsage, hourly_split, window_usage
 from .window import Window
@@ -146,10 +146,17 @@ class WasteAnalysis:
 
 
 def analyse_waste(
-    session: Session, fleet: Fleet, window: Window, thresholds: Thresholds, *, by_holder: bool = False
+    session: Session,
+    fleet: Fleet,
+    window: Window,
+    thresholds: Thresholds,
+    *,
+    by_holder: bool = False,
+    holder_groups: Sequence[str] | None = None,
 ) -> WasteAnalysis:
     """Figures for every unit of `fleet` over `window`, from the rollups; with `by_holder`, also the units split
-    among the processes that held them (from the holder rollups), for groupings by holder."""
+    among the processes that held them (from the holder rollups), for groupings by holder: among the values those
+    of `holder_groups` read (a part per user, say), or, with None, among every process."""
     ids: list[int] | None = fleet.device_ids()
     if ids is not None and len(ids) > 500:
         # Reading every device and dropping what the filters exclude is cheaper than a long id list.
@@ -168,7 +175,10 @@ def analyse_waste(
     instances = per_instance(units)
     parts = None
     if by_holder:
-        held, holders = held_usage(session, window, idle_util_pct=thresholds.idle_util_pct, device_ids=ids)
+        columns = None if holder_groups is None else holder_columns(holder_groups)
+        held, holders = held_usage(
+            session, window, idle_util_pct=thresholds.idle_util_pct, device_ids=ids, columns=columns
+        )
         parts = split_units(units, held, holders)
     return WasteAnalysis(
         window=window,

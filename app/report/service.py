@@ -203,5 +203,5 @@ def build_report(
     fleet = load_fleet(
         session, filters=filters, pricer=pricer, thresholds=thresholds, now=now, since=window.start, cache=cache
     )
-    analysis = analyse_waste(session, fleet, window, thresholds, by_holder=by_holder(group_by))
+    analysis = analyse_waste(session, fleet, window, thresholds, by_holder=by_holder(group_by), holder_groups=group_by)
     return Report(analysis, group_by, analysis.group_by(group_by))

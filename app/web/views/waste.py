@@ -101,7 +101,9 @@ def _row(r: GroupRow, analysis: WasteAnalysis) -> WasteRow:
 def build_waste(p: PageInputs) -> WasteView:
     q = p.query
     fleet = p.fleet()
-    analysis = analyse_waste(p.session, fleet, q.window, p.thresholds, by_holder=by_holder([q.group_by]))
+    analysis = analyse_waste(
+        p.session, fleet, q.window, p.thresholds, by_holder=by_holder([q.group_by]), holder_groups=[q.group_by]
+    )
     ordered, sort = sort_rows(analysis.group(q.group_by), _COLUMNS, q.sort, q.dir, "waste")
     shown, pager = paginate(ordered, q.page)
     choices = group_choices(fleet, q.group_by)

@@ -41,7 +41,14 @@ class Analyst:
         window = Window(start=start, end=end, now=now or end, label="test")
         with self.sessions() as session:
             fleet = self.fleet(session, window, kw.get("filters"))
-            return analyse_waste(session, fleet, window, self.thresholds, by_holder=kw.get("by_holder", False))
+            return analyse_waste(
+                session,
+                fleet,
+                window,
+                self.thresholds,
+                by_holder=kw.get("by_holder", False),
+                holder_groups=kw.get("holder_groups"),
+            )
 
 
 @pytest.fixture

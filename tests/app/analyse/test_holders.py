@@ -62,6 +62,22 @@ def test_every_holder_grouping_adds_up_to_the_totals(analyst: Analyst, held_flee
             assert total == pytest.approx(sum(getattr(r.figures, field) for r in by_instance), abs=1e-9)
 
 
+def test_a_part_per_value_is_a_part_per_process_added_up(analyst: Analyst, held_fleet: dict[str, datetime]) -> None:
+    """A grouping by holder reads one part per device and value (per user, say), not per process: the same rows."""
+    every = _analysis(analyst, held_fleet)
+    for name in ("user", "process", "container", "namespace", "pod", "job"):
+        grouped = analyst.waste(held_fleet["start"], held_fleet["end"], by_holder=True, holder_groups=[name, "gpu"])
+        assert _figures(grouped, name) == pytest.approx(_figures(every, name)), name
+
+
+def _figures(a: WasteAnalysis, name: str) -> dict[str, float]:
+    return {
+        f"{r.label} {field}": getattr(r.figures, field)
+        for r in a.group_by([name, "gpu"])
+        for field in ("gpu_hours", "active_h", "idle_held_h", "idle_h", "util_sum_h", "cost", "idle_held_cost")
+    }
+
+
 def test_labels_of_each_holder_grouping(analyst: Analyst, held_fleet: dict[str, datetime]) -> None:
     a = _analysis(analyst, held_fleet)
     assert set(_rows(a, "process")) == {"python3", "vllm", "python", NO_HOLDER}
