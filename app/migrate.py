@@ -19,7 +19,7 @@ from .db import sqlalchemy_url
 MIGRATIONS_DIR = Path(migrations.__file__).parent
 
 # Partitions are made at run time by app.store.partitions; they are not part of the declared schema.
-PARTITION_NAME = re.compile(r"^(samples|rollups_hourly|rollups_5m|holder_rollups_hourly)_p\d+")
+PARTITION_NAME = re.compile(r"^(samples|rollups_hourly|rollups_5m|holder_rollups_hourly|holder_groups_hourly)_p\d+")
 
 
 def include_name(name: str | None, type_: str, _parent: Any) -> bool:

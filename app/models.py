@@ -395,9 +395,10 @@ device_status = Table(
     postgresql_with={"fillfactor": 70},
 )
 
-PARTITIONED_TABLES = ("samples", "rollups_hourly", "rollups_5m", "holder_rollups_hourly")
+PARTITIONED_TABLES = ("samples", "rollups_hourly", "rollups_5m", "holder_rollups_hourly", "holder_groups_hourly")
 
 # The per-instance rollups live with their write path's weights, the holders' tables with theirs; imported here so
 # the metadata holds them.
+from .store import holder_groups as _holder_groups  # noqa: E402, F401
 from .store import holders as _holders  # noqa: E402, F401
 from .store import instance_rollups as _instance_rollups  # noqa: E402, F401

@@ -61,6 +61,7 @@ URLS = (
     "/mig?window=24h",
     "/waste?window=24h",
     "/waste?group_by=tag:team&window=24h",
+    "/waste?group_by=user&window=30d",
     "/instances?window=24h",
     "/instances/{id}?window=24h",
     "/heatmap?window=7d",

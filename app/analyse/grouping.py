@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from .figures import Figures, Unit
 from .fleet import InstanceInfo
-from .holders import HOLDER_GROUPS, Part, holder_key
+from .holders import HOLDER_GROUPS, NO_HOLDER, GroupHeld, Part, group_figures, holder_key, rest_of, value_label
 
 InstanceKey = Callable[[InstanceInfo], tuple[str, str]]
 UnitKey = Callable[[Unit], tuple[str, str]]
@@ -80,6 +80,15 @@ def by_holder(names: Sequence[str]) -> bool:
     return any(n in HOLDER_GROUPS for n in names)
 
 
+def by_value(names: Sequence[str]) -> str | None:
+    """The one grouping by holder among `names` when the others are all by something of the instance: such a
+    grouping reads what each value held per instance (app/store/holder_groups.py), not every process; else None."""
+    held = [n for n in names if n in HOLDER_GROUPS]
+    if len(held) != 1 or any(n not in HOLDER_GROUPS and instance_key(n) is None for n in names):
+        return None
+    return held[0]
+
+
 def _unit_level(name: str) -> UnitKey:
     if name in UNIT_GROUPS:
         return UNIT_GROUPS[name]
@@ -118,11 +127,14 @@ def group_rows(
     units: Sequence[Unit],
     names: Sequence[str],
     parts: Sequence[Part] | None = None,
+    values: tuple[str, dict[int, list[GroupHeld]]] | None = None,
 ) -> list[GroupRow]:
     """Rows per combination of the named groupings (keys and labels joined by " / "), largest waste
-    first. Groupings by something of the instance add up per-instance figures; groupings by holder go part by
-    part (`parts`: the units split among their holders, needed for them); the others go unit by unit. KeyError
-    for an unknown name; ValueError for a grouping by holder without `parts`."""
+    first. Groupings by something of the instance add up per-instance figures; one grouping by holder among them
+    adds up what each value held per instance (`values`: the grouping and, per instance, its values, needed for
+    it); other groupings by holder go part by part (`parts`: the units split among their holders, needed for
+    them); the rest go unit by unit. KeyError for an unknown name; ValueError for a grouping by holder without
+    what it needs."""
     instance_keys = [instance_key(n) for n in names]
     rows: dict[str, GroupRow] = {}
 
@@ -134,7 +146,12 @@ def group_rows(
             row.parts = parts
         return row
 
-    if by_holder(names):
+    single = by_value(names)
+    if single is not None and (values is not None or parts is None):
+        if values is None or values[0] != single:
+            raise ValueError(f"a grouping by {single} needs what each of its values held per instance")
+        _add_values(rows, row_for, by_instance, names, single, values[1])
+    elif by_holder(names):
         if parts is None:
             raise ValueError("a grouping by holder needs the units split among their holders")
         part_keys = [_part_level(n) for n in names]
@@ -162,6 +179,41 @@ def group_rows(
             row.gpus.add(unit.gpu.pk)
             row.prices.add(unit.instance.price.source)
     return sorted(rows.values(), key=lambda r: (-r.figures.waste, -r.figures.cost, r.label))
+
+
+def _add_values(
+    rows: dict[str, GroupRow],
+    row_for: Callable[[list[tuple[str, str]]], GroupRow],
+    by_instance: dict[int, GroupRow],
+    names: Sequence[str],
+    grouping: str,
+    held: dict[int, list[GroupHeld]],
+) -> None:
+    """Each instance's figures split among the values of `grouping` that held its devices, and what they leave as
+    the part of no holder."""
+    keys = [instance_key(n) for n in names]
+    at = names.index(grouping)
+    for pk, inst_row in by_instance.items():
+        inst = inst_row.sample.instance
+        base = [k(inst) if k is not None else (NO_HOLDER, NO_HOLDER) for k in keys]
+        rate = inst.price.usd_per_gpu_hour
+        taken = Figures()
+        for g in held.get(pk, ()):
+            figures = group_figures(g, rate)
+            taken.add(figures)
+            parts = list(base)
+            parts[at] = value_label(grouping, g.key, g.label)
+            _add_to(row_for(parts), figures, inst_row)
+        rest = rest_of(inst_row.figures, taken)
+        if rest.all_hours > 1e-9 or rest.capacity_unknown:
+            _add_to(row_for(base), rest, inst_row)
+
+
+def _add_to(row: GroupRow, figures: Figures, inst_row: GroupRow) -> None:
+    row.figures.add(figures)
+    row.units.extend(inst_row.units)
+    row.gpus |= inst_row.gpus
+    row.prices |= inst_row.prices
 
 
 def per_instance(units: Iterable[Unit]) -> dict[int, GroupRow]:

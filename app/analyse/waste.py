@@ -19,8 +19,8 @@ from sqlalchemy.orm import Session
 from ..models import Event
 from .figures import GPU, HOURS_PER_MONTH, SLICE, Figures, Unit, usage_figures
 from .fleet import Fleet, GpuInfo, SliceInfo, layout_known
-from .grouping import GroupRow, group_rows, per_instance, summarise
-from .holders import Part, held_usage, holder_columns, split_units
+from .grouping import GroupRow, by_value, group_rows, per_instance, summarise
+from .holders import GroupHeld, Part, group_held, held_usage, holder_columns, split_units
 from .states import UNPARTITIONED, Thresholds
 from .usage import DeviceUsage, hourly_split, window_usage
 from .window import Window
@@ -119,8 +119,11 @@ class WasteAnalysis:
     by_instance: dict[int, GroupRow] = field(default_factory=dict)
     """Figures per instance (by its row id): the building block of every instance-level grouping."""
     parts: list[Part] | None = None
-    """The units split among their holders: the building block of every grouping by holder; None when the
-    analysis was not asked for them."""
+    """The units split among their holders: the building block of groupings by holder; None when the analysis
+    was not asked for them."""
+    values: tuple[str, dict[int, list[GroupHeld]]] | None = None
+    """A grouping by holder and what each of its values held per instance: the building block of that grouping
+    alone or with groupings by something of the instance (grouping.by_value); None when not asked for."""
 
     def group(self, by: str) -> list[GroupRow]:
         """Rows per group, largest waste first; KeyError for an unknown group-by name."""
@@ -129,7 +132,7 @@ class WasteAnalysis:
     def group_by(self, names: Sequence[str]) -> list[GroupRow]:
         """Rows per combination of the named groupings (keys and labels joined by " / "), largest waste
         first. KeyError for an unknown name; ValueError for a grouping by holder in an analysis without `parts`."""
-        return group_rows(self.by_instance, self.units, names, self.parts)
+        return group_rows(self.by_instance, self.units, names, self.parts, self.values)
 
     def monthly(self, usd: float) -> float:
         """USD over the window scaled to a 730-hour month at the same rate."""
@@ -174,7 +177,12 @@ def analyse_waste(
     units = build_units(fleet, usage, window, split)
     instances = per_instance(units)
     parts = None
-    if by_holder:
+    values = None
+    single = None if holder_groups is None else by_value(holder_groups)
+    if by_holder and single is not None:
+        pks = list(fleet.instances) if len(fleet.instances) <= 500 else None
+        values = (single, group_held(session, window, single, idle_util_pct=thresholds.idle_util_pct, instance_pks=pks))
+    elif by_holder:
         columns = None if holder_groups is None else holder_columns(holder_groups)
         held, holders = held_usage(
             session, window, idle_util_pct=thresholds.idle_util_pct, device_ids=ids, columns=columns
@@ -188,4 +196,5 @@ def analyse_waste(
         fleet=fleet,
         by_instance=instances,
         parts=parts,
+        values=values,
     )

@@ -1,7 +1,7 @@
 """Who holds each device: the processes a batch's samples refer to (docs/ingest-protocol.md, "Holders"), stored as
 one row per process per instance (`holders`), what each held per device and UTC hour or day (`holder_rollups_hourly`,
-`holder_rollups_daily`), and each device's holders as of its newest sample (`device_holders_now`). See
-docs/storage.md, "Holders".
+`holder_rollups_daily`), the same per instance and value of each grouping by holder (app/store/holder_groups.py),
+and each device's holders as of its newest sample (`device_holders_now`). See docs/storage.md, "Holders".
 
 Written after `write_samples`, in the batch's transaction and in one round trip, only for a batch that has holders: a
 batch without them costs nothing here. The holder rollups read the same new pieces (`ingest_piece`,
@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import (
@@ -254,13 +255,20 @@ _NOW_SQL = (
     "since = least(device_holders_now.since, excluded.since) WHERE excluded.ts > device_holders_now.ts"
 )
 
-_STATEMENTS = (
-    _REFS_SQL,
-    _holders_sql(),
-    _rollup_sql(holder_rollups_hourly, "hour", "p.hour"),
-    _rollup_sql(holder_rollups_daily, "day", "date_trunc('day', p.hour)"),
-    _NOW_SQL,
-)
+
+@lru_cache(maxsize=1)
+def _statements() -> tuple[str, ...]:
+    """Made on first use: app.store.holder_groups and this module import each other through app.models."""
+    from . import holder_groups
+
+    return (
+        _REFS_SQL,
+        _holders_sql(),
+        _rollup_sql(holder_rollups_hourly, "hour", "p.hour"),
+        _rollup_sql(holder_rollups_daily, "day", "date_trunc('day', p.hour)"),
+        *holder_groups.UPSERTS,
+        _NOW_SQL,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,7 +366,8 @@ def store_holders(session: Session, holders: Sequence[HolderRow], refs: HolderRe
         **{c: [getattr(h, c) for h in holders] for c in DESCRIBED},
     }
     refs_params = {"ord": refs.ords, "slot": refs.slots, "used": refs.used_mib, "share": refs.shares}
-    params = (refs_params, described, None, None, None)
+    statements = _statements()
+    params = (refs_params, described, *[None] * (len(statements) - 2))
     dbapi: Any = session.connection().connection
     info = dbapi.info
     with dbapi.cursor() as cur:
@@ -368,7 +377,7 @@ def store_holders(session: Session, holders: Sequence[HolderRow], refs: HolderRe
             info[_READY] = True
         # One round trip; prepared, as the sample statements are: these take longer to plan than to run.
         with dbapi.pipeline():
-            for statement, values in zip(_STATEMENTS, params, strict=True):
+            for statement, values in zip(statements, params, strict=True):
                 cur.execute(statement, values, prepare=True)
 
 

@@ -2,10 +2,10 @@
 tables: made ahead, dropped whole at retention. The unpartitioned daily rollups lose their expired days in the same
 pass, and holders their rows once no rollup can name them.
 
-`samples` and `rollups_5m` have the same days and the same (raw) retention, `rollups_hourly` and
-`holder_rollups_hourly` the same months and the same (rollup) retention: every function below handles the daily
-tables as one list and the monthly tables as another, so a day's or a month's partitions are made and dropped
-together.
+`samples` and `rollups_5m` have the same days and the same (raw) retention, `rollups_hourly`,
+`holder_rollups_hourly` and `holder_groups_hourly` the same months and the same (rollup) retention: every function
+below handles the daily tables as one list and the monthly tables as another, so a day's or a month's partitions
+are made and dropped together.
 
 The server does this itself because the embedded PostgreSQL has no pg_partman or cron.
 """
@@ -27,6 +27,7 @@ DAILY_TABLES: dict[str, str] = {"samples": "", "rollups_5m": "WITH (fillfactor =
 MONTHLY_TABLES: dict[str, str] = {
     "rollups_hourly": "WITH (fillfactor = 70)",
     "holder_rollups_hourly": "WITH (fillfactor = 70)",
+    "holder_groups_hourly": "WITH (fillfactor = 70)",
 }
 # Any fixed number works; it only keeps two server processes from running upkeep at the same moment.
 _UPKEEP_LOCK = 0x6770_7566
@@ -183,6 +184,7 @@ def upkeep(
     first_kept = datetime.combine(rollup_horizon.date(), datetime.min.time(), UTC)
     conn.execute(text("DELETE FROM instance_rollups_hourly WHERE hour < :h"), {"h": first_kept})
     conn.execute(text("DELETE FROM holder_rollups_daily WHERE day <= :last"), {"last": last})
+    conn.execute(text("DELETE FROM holder_groups_daily WHERE day <= :last"), {"last": last})
     # A holder goes once no rollup can name it: its last hour lies before the oldest month partition kept. That
     # changes only when a month's partition goes, so only then is `holders` scanned (it has no index on last_seen,
     # which keeps the ingest path's updates HOT). Its rows in device_holders_now are older still; any row that old

@@ -67,13 +67,27 @@ def test_a_part_per_value_is_a_part_per_process_added_up(analyst: Analyst, held_
     every = _analysis(analyst, held_fleet)
     for name in ("user", "process", "container", "namespace", "pod", "job"):
         grouped = analyst.waste(held_fleet["start"], held_fleet["end"], by_holder=True, holder_groups=[name, "gpu"])
-        assert _figures(grouped, name) == pytest.approx(_figures(every, name)), name
+        assert _figures(grouped, name, "gpu") == pytest.approx(_figures(every, name, "gpu")), name
 
 
-def _figures(a: WasteAnalysis, name: str) -> dict[str, float]:
+@pytest.mark.parametrize("other", [None, "instance_type", "instance"])
+def test_a_value_per_instance_is_a_part_per_process_added_up(
+    analyst: Analyst, held_fleet: dict[str, datetime], other: str | None
+) -> None:
+    """One grouping by holder, alone or with groupings by something of the instance, reads what each value held per
+    instance (the holder group rollups) and adds up to the same rows as the units split process by process."""
+    every = _analysis(analyst, held_fleet)
+    for name in ("user", "process", "container", "namespace", "pod", "job"):
+        names = [name] if other is None else [other, name]
+        fast = analyst.waste(held_fleet["start"], held_fleet["end"], by_holder=True, holder_groups=names)
+        assert fast.values is not None and fast.parts is None
+        assert _figures(fast, *names) == pytest.approx(_figures(every, *names)), names
+
+
+def _figures(a: WasteAnalysis, *names: str) -> dict[str, float]:
     return {
         f"{r.label} {field}": getattr(r.figures, field)
-        for r in a.group_by([name, "gpu"])
+        for r in a.group_by(list(names))
         for field in ("gpu_hours", "active_h", "idle_held_h", "idle_h", "util_sum_h", "cost", "idle_held_cost")
     }
 
@@ -107,7 +121,7 @@ def test_holder_grouping_combines_with_others(analyst: Analyst, held_fleet: dict
 
 def test_grouping_by_holder_needs_the_split(analyst: Analyst, held_fleet: dict[str, datetime]) -> None:
     a = analyst.waste(held_fleet["start"], held_fleet["end"])
-    with pytest.raises(ValueError, match="holder"):
+    with pytest.raises(ValueError, match="holder|held"):
         a.group_by(["user"])
 
 

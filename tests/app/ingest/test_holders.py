@@ -13,7 +13,14 @@ from sqlalchemy import Engine, text
 
 from tests.app.ingest.test_strict import assert_refused, base, post_raw
 
-HOLDER_TABLES = ("holders", "holder_rollups_hourly", "holder_rollups_daily", "device_holders_now")
+HOLDER_TABLES = (
+    "holders",
+    "holder_rollups_hourly",
+    "holder_rollups_daily",
+    "holder_groups_hourly",
+    "holder_groups_daily",
+    "device_holders_now",
+)
 Edit = Callable[[dict[str, Any]], None]
 
 

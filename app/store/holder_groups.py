@@ -1,0 +1,124 @@
+"""Holder time per instance and per value of each grouping by holder: one row per UTC hour or day, instance, grouping
+(`user`, `process`, `container`, `namespace`, `pod`, `job`) and value, the seconds weighed as the window analysis
+weighs its units (docs/storage.md, "Holder groups").
+
+A month of the fleet by user is then a few rows per instance and user, whatever number of processes ran: the
+per-device holder rollups (app/store/holders.py) have a row per process, and processes come and go by the thousand.
+Written in the batch's transaction with the other holder rollups, from the same new pieces, so the two agree.
+
+Weights are those of app/store/instance_rollups.py, taken when the seconds arrive: a passthrough GPU weighs 1, a MIG
+slice of known size compute slices / 7; a slice of unknown size adds clock seconds to `unsized_s` only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import BigInteger, Column, Float, PrimaryKeyConstraint, Table, Text, text
+
+from ..models import TZ, UTIL_BOUNDS, Base
+
+GROUPINGS = ("user", "process", "container", "namespace", "pod", "job")
+
+WEIGHED = ("secs_w", "known_w", "usum_w", *[f"lt{b}_w" for b in UTIL_BOUNDS], "unsized_s")
+"""The sum columns, in table order."""
+
+_COMMENTS = {
+    "secs_w": "GPU-seconds held: the holders' shares of the devices' seconds, x the device's weight.",
+    "known_w": "Of which with a utilization figure for the device.",
+    "usum_w": "The device's utilization x those GPU-seconds (%*s).",
+    "unsized_s": "Seconds (of the clock) held on MIG slices of unknown size: no weight, no GPU-seconds.",
+}
+
+
+def _comment(name: str) -> str:
+    if name in _COMMENTS:
+        return _COMMENTS[name]
+    return f"Of secs_w, those with the device's utilization under {name[2:-2]}%: idle-held."
+
+
+def holder_group_columns(time_name: str, time_comment: str) -> list[Column[Any]]:
+    """Shared by the hourly and daily tables (and their migration): a day's row is what its hours add up to."""
+    return [
+        Column(time_name, TZ, nullable=False, comment=time_comment),
+        Column("instance_pk", BigInteger, nullable=False),
+        Column("grouping", Text, nullable=False, comment="user, process, container, namespace, pod or job."),
+        Column("key", Text, nullable=False, comment="The value grouped by; empty for holders without one."),
+        Column("label", Text, comment="How the value reads, where that is not the key (a pod's namespace/name)."),
+        *[Column(n, Float, nullable=False, server_default=text("0"), comment=_comment(n)) for n in WEIGHED],
+    ]
+
+
+# Keyed by grouping first: a report by user reads a range of the key. Partitioned by month like rollups_hourly, with
+# the same partitions and retention (app.store.partitions).
+holder_groups_hourly = Table(
+    "holder_groups_hourly",
+    Base.metadata,
+    *holder_group_columns("hour", "Start of the UTC hour."),
+    PrimaryKeyConstraint("grouping", "hour", "instance_pk", "key"),
+    postgresql_partition_by="RANGE (hour)",
+)
+# Not partitioned, like rollups_daily: retention deletes old days. Rows are updated in place as batches arrive.
+holder_groups_daily = Table(
+    "holder_groups_daily",
+    Base.metadata,
+    *holder_group_columns("day", "Start of the UTC day."),
+    PrimaryKeyConstraint("grouping", "day", "instance_pk", "key"),
+    postgresql_with={"fillfactor": 70},
+)
+
+# Each holder's value in each grouping, as app/analyse/holders.py names them: (grouping, key, label). A user the
+# host could not name is its uid; a pod is its UID, read as namespace/name where the name is known.
+VALUES_SQL = (
+    "(VALUES ('user', coalesce(nullif(h.user_name, ''), 'uid ' || h.uid, ''), NULL), "
+    "('process', coalesce(h.executable, ''), NULL), "
+    "('container', coalesce(h.container_id, ''), left(h.container_id, 12)), "
+    "('namespace', coalesce(h.namespace, ''), NULL), "
+    "('pod', coalesce(h.pod_uid, h.namespace || '/' || h.pod, h.pod, ''), "
+    "CASE WHEN h.pod IS NULL THEN NULL WHEN h.namespace IS NULL THEN h.pod ELSE h.namespace || '/' || h.pod END), "
+    "('job', coalesce(h.job_id, ''), NULL)) AS g(grouping, key, label)"
+)
+
+# What each device weighs, as of now (app/store/instance_rollups.py): a MIG-mode GPU's own time has no holders.
+WEIGHTS_SQL = (
+    "SELECT g.id AS device_id, CASE WHEN g.mig_mode THEN 0.0 ELSE 1.0 END AS w, false AS unsized FROM gpus g "
+    "UNION ALL SELECT s.id, coalesce(s.compute_slices / 7.0, 0.0), s.compute_slices IS NULL FROM mig_slices s"
+)
+
+
+def weighed_sums(*, secs: str, known: str, usum: str, lt: str) -> str:
+    """The WEIGHED columns as aggregates over rows joined to WEIGHTS_SQL as `w`: `secs`, `known`, `usum` are
+    expressions of the source's seconds, `lt` a format string with `{b}` for the bound."""
+    exprs = [f"sum(({secs}) * w.w)", f"sum(({known}) * w.w)", f"sum(({usum}) * w.w)"]
+    exprs += [f"sum(({lt.format(b=b)}) * w.w)" for b in UTIL_BOUNDS]
+    exprs.append(f"sum({secs}) FILTER (WHERE w.unsized)")
+    return ", ".join(f"coalesce({e}, 0)" for e in exprs)
+
+
+def _upsert(table: Table, time_column: str, bucket: str) -> str:
+    """Fold a batch's new pieces of held devices into one holder group table (`ingest_piece`, `ingest_holder_ref`,
+    `ingest_holder_map`: app/store/holders.py). A label already stored stays unless the new one is known."""
+    share = "p.new_s * r.share"
+    sums = weighed_sums(
+        secs=share,
+        known=f"CASE WHEN p.util IS NULL THEN 0 ELSE {share} END",
+        usum=f"coalesce({share} * p.util, 0)",
+        lt=f"CASE WHEN p.util < {{b}} THEN {share} ELSE 0 END",
+    )
+    updates = ", ".join(f"{n} = {table.name}.{n} + excluded.{n}" for n in WEIGHED)
+    return (
+        f"INSERT INTO {table.name} ({time_column}, instance_pk, grouping, key, label, {', '.join(WEIGHED)}) "
+        f"SELECT {bucket}, h.instance_pk, g.grouping, g.key, max(g.label), {sums} "
+        "FROM ingest_piece p JOIN ingest_holder_ref r ON r.ord = p.ord JOIN ingest_holder_map m ON m.slot = r.slot "
+        f"JOIN holders h ON h.id = m.holder_id JOIN ({WEIGHTS_SQL}) w ON w.device_id = p.device_id "
+        f"CROSS JOIN LATERAL {VALUES_SQL} GROUP BY 1, 2, 3, 4 "
+        f"ON CONFLICT (grouping, {time_column}, instance_pk, key) DO UPDATE SET "
+        f"label = coalesce(excluded.label, {table.name}.label), {updates}"
+    )
+
+
+UPSERTS: tuple[str, str] = (
+    _upsert(holder_groups_hourly, "hour", "p.hour"),
+    _upsert(holder_groups_daily, "day", "date_trunc('day', p.hour)"),
+)
+"""The hourly and the daily upserts of a batch's holders' new pieces."""
