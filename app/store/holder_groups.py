@@ -76,49 +76,50 @@ VALUES_SQL = (
     "('namespace', coalesce(h.namespace, ''), NULL), "
     "('pod', coalesce(h.pod_uid, h.namespace || '/' || h.pod, h.pod, ''), "
     "CASE WHEN h.pod IS NULL THEN NULL WHEN h.namespace IS NULL THEN h.pod ELSE h.namespace || '/' || h.pod END), "
-    "('job', coalesce(h.job_id, ''), NULL)) AS g(grouping, key, label)"
+    "('job', coalesce(h.job_id, ''), NULL)) AS v(grouping, key, label)"
 )
 
-# What each device weighs, as of now (app/store/instance_rollups.py): a MIG-mode GPU's own time has no holders.
-WEIGHTS_SQL = (
-    "SELECT g.id AS device_id, CASE WHEN g.mig_mode THEN 0.0 ELSE 1.0 END AS w, false AS unsized FROM gpus g "
-    "UNION ALL SELECT s.id, coalesce(s.compute_slices / 7.0, 0.0), s.compute_slices IS NULL FROM mig_slices s"
-)
+_SECONDS = ("secs", "known", "usum", *[f"lt{b}" for b in UTIL_BOUNDS])
 
 
-def weighed_sums(*, secs: str, known: str, usum: str, lt: str) -> str:
-    """The WEIGHED columns as aggregates over rows joined to WEIGHTS_SQL as `w`: `secs`, `known`, `usum` are
-    expressions of the source's seconds, `lt` a format string with `{b}` for the bound."""
-    exprs = [f"sum(({secs}) * w.w)", f"sum(({known}) * w.w)", f"sum(({usum}) * w.w)"]
-    exprs += [f"sum(({lt.format(b=b)}) * w.w)" for b in UTIL_BOUNDS]
-    exprs.append(f"sum({secs}) FILTER (WHERE w.unsized)")
-    return ", ".join(f"coalesce({e}, 0)" for e in exprs)
-
-
-def _upsert(table: Table, time_column: str, bucket: str) -> str:
-    """Fold a batch's new pieces of held devices into one holder group table (`ingest_piece`, `ingest_holder_ref`,
-    `ingest_holder_map`: app/store/holders.py). A label already stored stays unless the new one is known."""
-    share = "p.new_s * r.share"
-    sums = weighed_sums(
-        secs=share,
-        known=f"CASE WHEN p.util IS NULL THEN 0 ELSE {share} END",
-        usum=f"coalesce({share} * p.util, 0)",
-        lt=f"CASE WHEN p.util < {{b}} THEN {share} ELSE 0 END",
-    )
+def _on_conflict(table: Table, time_column: str) -> str:
     updates = ", ".join(f"{n} = {table.name}.{n} + excluded.{n}" for n in WEIGHED)
     return (
-        f"INSERT INTO {table.name} ({time_column}, instance_pk, grouping, key, label, {', '.join(WEIGHED)}) "
-        f"SELECT {bucket}, h.instance_pk, g.grouping, g.key, max(g.label), {sums} "
-        "FROM ingest_piece p JOIN ingest_holder_ref r ON r.ord = p.ord JOIN ingest_holder_map m ON m.slot = r.slot "
-        f"JOIN holders h ON h.id = m.holder_id JOIN ({WEIGHTS_SQL}) w ON w.device_id = p.device_id "
-        f"CROSS JOIN LATERAL {VALUES_SQL} GROUP BY 1, 2, 3, 4 "
         f"ON CONFLICT (grouping, {time_column}, instance_pk, key) DO UPDATE SET "
         f"label = coalesce(excluded.label, {table.name}.label), {updates}"
     )
 
 
-UPSERTS: tuple[str, str] = (
-    _upsert(holder_groups_hourly, "hour", "p.hour"),
-    _upsert(holder_groups_daily, "day", "date_trunc('day', p.hour)"),
-)
-"""The hourly and the daily upserts of a batch's holders' new pieces."""
+def _upsert() -> str:
+    """Fold a batch's new pieces of held devices into both holder group tables, in one statement (`ingest_piece`,
+    `ingest_holder_ref`, `ingest_holder_map`: app/store/holders.py). The pieces are summed per hour, device and
+    holder first, so each device's weight and each holder's row are looked up once, by key; the hours' rows are
+    made once and summed again per day. A label already stored stays unless the new one is known."""
+    share = "p.new_s * r.share"
+    per_holder = [
+        f"sum({share}) AS secs",
+        f"coalesce(sum({share}) FILTER (WHERE p.util IS NOT NULL), 0) AS known",
+        f"coalesce(sum({share} * p.util), 0) AS usum",
+        *[f"coalesce(sum({share}) FILTER (WHERE p.util < {b}), 0) AS lt{b}" for b in UTIL_BOUNDS],
+    ]
+    weighed = [f"sum(q.{n} * q.w) AS {w}" for n, w in zip(_SECONDS, WEIGHED, strict=False)]
+    weighed.append("coalesce(sum(q.secs) FILTER (WHERE q.unsized), 0) AS unsized_s")
+    columns = f"instance_pk, grouping, key, label, {', '.join(WEIGHED)}"
+    daily = ", ".join(f"sum({n})" for n in WEIGHED)
+    return (
+        f"WITH q AS (SELECT p.hour, p.device_id, m.holder_id, {', '.join(per_holder)} FROM ingest_piece p "
+        "JOIN ingest_holder_ref r ON r.ord = p.ord JOIN ingest_holder_map m ON m.slot = r.slot GROUP BY 1, 2, 3), "
+        "wq AS (SELECT q.*, CASE WHEN g.id IS NOT NULL THEN CASE WHEN g.mig_mode THEN 0.0 ELSE 1.0 END "
+        "ELSE coalesce(s.compute_slices / 7.0, 0.0) END AS w, s.id IS NOT NULL AND s.compute_slices IS NULL AS unsized "
+        "FROM q LEFT JOIN gpus g ON g.id = q.device_id LEFT JOIN mig_slices s ON s.id = q.device_id), "
+        f"a AS (SELECT q.hour, h.instance_pk, v.grouping, v.key, max(v.label) AS label, {', '.join(weighed)} "
+        f"FROM wq q JOIN holders h ON h.id = q.holder_id CROSS JOIN LATERAL {VALUES_SQL} GROUP BY 1, 2, 3, 4), "
+        f"hourly AS (INSERT INTO holder_groups_hourly (hour, {columns}) SELECT * FROM a "
+        f"{_on_conflict(holder_groups_hourly, 'hour')}) "
+        f"INSERT INTO holder_groups_daily (day, {columns}) SELECT date_trunc('day', hour), instance_pk, grouping, key, "
+        f"max(label), {daily} FROM a GROUP BY 1, 2, 3, 4 {_on_conflict(holder_groups_daily, 'day')}"
+    )
+
+
+UPSERT = _upsert()
+"""The statement that folds a batch's holders' new pieces into the hourly and daily holder groups."""

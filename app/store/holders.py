@@ -208,9 +208,9 @@ def _holders_sql() -> str:
     )
 
 
-def _rollup_sql(table: Table, time_column: str, bucket: str) -> str:
-    """Fold the batch's new pieces of held devices into one holder rollup table: `bucket` is the expression of a
-    piece's `hour` that fills `time_column`. A device whose utilization is unknown counts in no `lt` column."""
+def _rollups_sql() -> str:
+    """Fold the batch's new pieces of held devices into both holder rollup tables, in one statement: the hours' rows
+    are made once and summed again per day. A device whose utilization is unknown counts in no `lt` column."""
     share = "p.new_s * r.share"
     exprs = {
         "mem_max_mib": "max(r.used_mib)",
@@ -221,17 +221,26 @@ def _rollup_sql(table: Table, time_column: str, bucket: str) -> str:
         "util_known_s": f"sum({share}) FILTER (WHERE p.util IS NOT NULL)",
         "util_sum": f"sum({share} * p.util)",
     }
-    names = [c.name for c in table.c if c.name not in (time_column, "holder_id", "device_id")]
-    select_list = ", ".join(f"coalesce({exprs[n]}, 0)" if n in SUMS else exprs[n] for n in names)
-    updates = ", ".join(
-        f"{n} = {table.name}.{n} + excluded.{n}" if n in SUMS else f"{n} = greatest({table.name}.{n}, excluded.{n})"
-        for n in names
-    )
+    names = [c.name for c in holder_rollups_hourly.c if c.name not in ("hour", "holder_id", "device_id")]
+    hourly = ", ".join(f"coalesce({exprs[n]}, 0) AS {n}" if n in SUMS else f"{exprs[n]} AS {n}" for n in names)
+    daily = ", ".join(f"sum({n})" if n in SUMS else f"max({n})" for n in names)
+
+    def on_conflict(table: Table, time_column: str) -> str:
+        updates = ", ".join(
+            f"{n} = {table.name}.{n} + excluded.{n}" if n in SUMS else f"{n} = greatest({table.name}.{n}, excluded.{n})"
+            for n in names
+        )
+        return f"ON CONFLICT ({time_column}, device_id, holder_id) DO UPDATE SET {updates}"
+
+    columns = f"device_id, holder_id, {', '.join(names)}"
     return (
-        f"INSERT INTO {table.name} ({time_column}, device_id, holder_id, {', '.join(names)}) "
-        f"SELECT {bucket}, p.device_id, m.holder_id, {select_list} "
-        "FROM ingest_piece p JOIN ingest_holder_ref r ON r.ord = p.ord JOIN ingest_holder_map m ON m.slot = r.slot "
-        f"GROUP BY 1, 2, 3 ON CONFLICT ({time_column}, device_id, holder_id) DO UPDATE SET {updates}"
+        f"WITH a AS (SELECT p.hour, p.device_id, m.holder_id, {hourly} FROM ingest_piece p "
+        "JOIN ingest_holder_ref r ON r.ord = p.ord JOIN ingest_holder_map m ON m.slot = r.slot GROUP BY 1, 2, 3), "
+        f"hourly AS (INSERT INTO {holder_rollups_hourly.name} (hour, {columns}) SELECT * FROM a "
+        f"{on_conflict(holder_rollups_hourly, 'hour')}) "
+        f"INSERT INTO {holder_rollups_daily.name} (day, {columns}) "
+        f"SELECT date_trunc('day', hour), device_id, holder_id, {daily} FROM a GROUP BY 1, 2, 3 "
+        f"{on_conflict(holder_rollups_daily, 'day')}"
     )
 
 
@@ -264,9 +273,8 @@ def _statements() -> tuple[str, ...]:
     return (
         _REFS_SQL,
         _holders_sql(),
-        _rollup_sql(holder_rollups_hourly, "hour", "p.hour"),
-        _rollup_sql(holder_rollups_daily, "day", "date_trunc('day', p.hour)"),
-        *holder_groups.UPSERTS,
+        _rollups_sql(),
+        holder_groups.UPSERT,
         _NOW_SQL,
     )
 
