@@ -13,14 +13,16 @@ gives the same table.
 
 from __future__ import annotations
 
+import json
 import logging
+import operator
 from collections import Counter
 from typing import Any
 
 from . import __version__
 from .collect.holders import Holder
 from .collect.model import GpuInfo, Interval
-from .spool import Journal, Spool, SpooledBatch, gzip_json, new_batch_id
+from .spool import Journal, Spool, SpooledBatch, dumps, gzip_json, new_batch_id
 
 log = logging.getLogger("gpufleet.agent.batch")
 
@@ -40,18 +42,26 @@ class HolderTable:
     """A batch's holders: each described once, numbered from 0 in order of first appearance. `truncated`
     counts references refused because the table was full.
 
-    Cheap for the processes that run on: a holder object already referred to costs a dictionary look-up, and
-    a description the previous batch's table made (`previous`) is reused rather than made again."""
+    Cheap for the processes that run on: a holder object already referred to costs a dictionary look-up, a
+    device's holders tuple already referred to in this batch gives the same list of references again, and a
+    description the previous batch's table made (`previous`) is reused rather than made again."""
 
     def __init__(self, previous: HolderTable | None = None) -> None:
         self.entries: list[dict[str, Any]] = []
+        self.encoded: list[str] = []
+        """Each entry as JSON (`spool.dumps`), so what the journal and the sealed batch carry again and again is
+        encoded once per process."""
         self.truncated = 0
-        self.described: dict[tuple[Any, ...], dict[str, Any]] = {}
-        """This table's descriptions, without their numbers, by what tells holders apart."""
+        self.described: dict[tuple[Any, ...], tuple[dict[str, Any], str]] = {}
+        """This table's descriptions, without their numbers, and their JSON members, by what tells holders
+        apart."""
         self._ids: dict[tuple[Any, ...], int] = {}
         self._objects: dict[int, tuple[Holder, int]] = {}  # id(holder) -> (holder, number), the holder kept alive
+        # id(holders) -> (holders, their references): the tuple kept alive. The lists are shared by the samples
+        # of several intervals, so nothing may change them in place (`link_holders` makes new ones).
+        self._lists: dict[int, tuple[tuple[Holder, ...], list[dict[str, int]]]] = {}
         # An empty table (the one a sealed batch leaves until the next opens) passes on what it was given.
-        self._earlier: dict[tuple[Any, ...], dict[str, Any]] = (
+        self._earlier: dict[tuple[Any, ...], tuple[dict[str, Any], str]] = (
             (previous.described or previous._earlier) if previous is not None else {}
         )
 
@@ -71,13 +81,37 @@ class HolderTable:
                 return None
             number = len(self.entries)
             self._ids[key] = number
-            wire = self._earlier.get(key)
-            if wire is None:
+            made = self._earlier.get(key)
+            if made is None:
                 wire = holder.to_wire()
-            self.described[key] = wire
-            self.entries.append({"id": number, **wire})
+                made = (wire, dumps(wire)[1:])  # "pid" always leads, so the members follow the id's
+            self.described[key] = made
+            self.entries.append({"id": number, **made[0]})
+            self.encoded.append(f'{{"id":{number},{made[1]}')
         self._objects[id(holder)] = (holder, number)
         return number
+
+    def encode(self, start: int = 0) -> str:
+        """The entries from number `start` on as a JSON array, as `spool.dumps` writes it."""
+        return "[" + ",".join(self.encoded[start:]) + "]"
+
+    def refs(self, holders: tuple[Holder, ...]) -> list[dict[str, int]]:
+        """A sample's references to `holders` (number and memory), described now if they are new; those the
+        full table cannot describe are left out."""
+        seen = self._lists.get(id(holders))
+        if seen is not None and seen[0] is holders:
+            return seen[1]
+        held: list[dict[str, int]] = []
+        complete = True
+        for holder in holders:
+            number = self.ref(holder)
+            if number is None:
+                complete = False  # not kept: each sample counts what it leaves out
+                continue
+            held.append({"ref": number} if holder.used_mib is None else {"ref": number, "used_mib": holder.used_mib})
+        if complete:
+            self._lists[id(holders)] = (holders, held)
+        return held
 
     def missing(self, interval: Interval) -> int:
         """How many descriptions `interval` would add (at most; exact once it could fill the table)."""
@@ -89,8 +123,10 @@ class HolderTable:
     def forget_after(self, count: int) -> None:
         """Drop the descriptions from number `count` on (the journal record that held them was not written)."""
         del self.entries[count:]
+        del self.encoded[count:]
         self._ids = {key: number for key, number in self._ids.items() if number < count}
         self._objects = {k: seen for k, seen in self._objects.items() if seen[1] < count}
+        self._lists.clear()
         self.described = {key: wire for key, wire in self.described.items() if key in self._ids}
 
 
@@ -115,19 +151,30 @@ def _described(h: Holder) -> tuple[Any, ...]:
 def link_holders(intervals: list[dict[str, Any]], entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The batch's holders table from the descriptions its journal held, numbered from 0. References to a
     description that was lost (a torn journal line) are dropped from the samples, in place; the others follow."""
+    return _link(intervals, entries)[0]
+
+
+def _link(intervals: list[dict[str, Any]], entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
+    """`link_holders`, and whether it changed any sample."""
     numbers = {e["id"]: n for n, e in enumerate(entries)}
     renumber = any(old != new for old, new in numbers.items())
+    changed = False
+    whole: set[int] = set()  # lists already found whole: the samples of a batch share them (`HolderTable.refs`)
     for interval in intervals:
         for sample in interval["samples"]:
             refs = sample.get("holders")
-            if refs is None or not (renumber or any(h["ref"] not in numbers for h in refs)):
+            if refs is None or id(refs) in whole:
                 continue
+            if not (renumber or any(h["ref"] not in numbers for h in refs)):
+                whole.add(id(refs))
+                continue
+            changed = True
             kept = [{**h, "ref": numbers[h["ref"]]} for h in refs if h["ref"] in numbers]
             if kept:
                 sample["holders"] = kept
             else:
                 del sample["holders"]
-    return [{**e, "id": n} for n, e in enumerate(entries)] if renumber else entries
+    return ([{**e, "id": n} for n, e in enumerate(entries)] if renumber else entries), changed
 
 
 def build_batch(
@@ -181,6 +228,9 @@ class Batcher:
         self._intervals = 0
         self._events = 0
         self._holders = HolderTable()
+        # The JSON of each journaled interval's samples, in order: the sealed batch puts it in again rather
+        # than encoding the same samples a second time.
+        self._samples_json: list[str] = []
 
     def recover(self) -> SpooledBatch | None:
         """Seal what a previous run left in the journal (killed, or the host went down)."""
@@ -215,19 +265,23 @@ class Batcher:
             self._layout = key
         table = self._holders
         described = len(table)
-        record: dict[str, Any] = {"t": "interval", **interval.to_wire(table.ref)}
+        record: dict[str, Any] = {"t": "interval", **interval.to_wire(table.refs)}
+        samples = json.dumps(record["samples"], separators=(",", ":"))
+        encoded = {"samples": samples}
         if len(table) > described:
             record["holders"] = table.entries[described:]
+            encoded["holders"] = table.encode(described)
         if table.truncated:
             errors = {**errors, "holders:truncated": errors.get("holders:truncated", 0) + table.truncated}
             table.truncated = 0
         if errors:
             record["errors"] = errors
         try:
-            self.journal.append(record)
+            self.journal.append(record, encoded)
         except OSError:
             table.forget_after(described)
             raise
+        self._samples_json.append(samples)
         self._intervals += 1
         if self._intervals >= self.batch_intervals:
             sealed += self._seal_open()
@@ -265,15 +319,25 @@ class Batcher:
 
     def _seal_open(self) -> list[SpooledBatch]:
         records = self.journal.records
-        sealed = self._seal_records(records) if any(r.get("t") in ("interval", "event") for r in records) else None
+        live = any(r.get("t") in ("interval", "event") for r in records)
+        sealed = self._seal_records(records, self._holders, self._samples_json) if live else None
         self.journal.clear()
+        self._samples_json = []
         self._instance = None
         self._intervals = 0
         self._events = 0
         self._holders = HolderTable(self._holders)
         return [sealed] if sealed is not None else []
 
-    def _seal_records(self, records: list[dict[str, Any]]) -> SpooledBatch | None:
+    def _seal_records(
+        self,
+        records: list[dict[str, Any]],
+        table: HolderTable | None = None,
+        samples_json: list[str] | None = None,
+    ) -> SpooledBatch | None:
+        """The batch the journal's `records` make, into the spool. For the open batch (not a journal read back
+        from disk), `table` lends the JSON of its entries when the records' holders are exactly those entries,
+        and `samples_json` that of each interval's samples when nothing in them changed."""
         head = next((r for r in records if r.get("t") == "head"), None)
         if head is None:
             log.warning("journal without a head record: %d records discarded", len(records))
@@ -293,6 +357,7 @@ class Batcher:
                 intervals.append({k: v for k, v in r.items() if k not in ("t", "errors", "holders")})
             elif kind == "event":
                 events.append(r["event"])
+        linked, changed = _link(intervals, holders)
         dropped = self.spool.take_dropped()
         document = build_batch(
             batch_id=head["batch_id"],
@@ -303,10 +368,23 @@ class Batcher:
             interval_s=self.interval_s,
             dropped_batches=dropped,
             errors=dict(errors),
-            holders=link_holders(intervals, holders),
+            holders=linked,
         )
+        encoded: dict[str, str] = {}
+        if samples_json is not None and not changed and len(samples_json) == len(intervals):
+            encoded["intervals"] = (
+                "[" + ",".join(dumps(iv, {"samples": s}) for iv, s in zip(intervals, samples_json, strict=True)) + "]"
+            )
+        held = document.get("holders")
+        if (
+            table is not None
+            and held
+            and len(held) == len(table.entries)
+            and all(map(operator.is_, held, table.entries))
+        ):
+            encoded["holders"] = table.encode()
         try:
-            return self.spool.put(gzip_json(document), carried=dropped)
+            return self.spool.put(gzip_json(document, encoded), carried=dropped)
         except OSError:
             self.spool.restore_dropped(dropped)
             raise

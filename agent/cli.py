@@ -168,7 +168,7 @@ def cmd_once(args: argparse.Namespace) -> int:
         except IdentityUnavailable as exc:
             raise CliError(f"instance identity: {exc}", EXIT_FAIL) from None
         holders = HolderTable()
-        samples = interval.to_wire(holders.ref)
+        samples = interval.to_wire(holders.refs)
         errors = nvml.take_errors()
         if holders.truncated:
             errors["holders:truncated"] = errors.get("holders:truncated", 0) + holders.truncated

@@ -319,13 +319,14 @@ class Journal:
                 records.append(record)
         return records
 
-    def append(self, record: dict[str, Any]) -> None:
+    def append(self, record: dict[str, Any], encoded: dict[str, str] | None = None) -> None:
+        """Write `record` as one line; `encoded` gives some of its values already in JSON (`dumps`)."""
         if self._file is None:
             new = not self.path.exists()
             self._file = open(self.path, "ab")  # noqa: SIM115 - stays open across appends
             if new:
                 _fsync_dir(self.path.parent)
-        self._file.write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
+        self._file.write(dumps(record, encoded).encode() + b"\n")
         self._file.flush()
         os.fdatasync(self._file.fileno())
         self.records.append(record)
@@ -347,5 +348,18 @@ def new_batch_id() -> str:
     return str(uuid.uuid4())
 
 
-def gzip_json(document: dict[str, Any]) -> bytes:
-    return gzip.compress(json.dumps(document, separators=(",", ":")).encode(), compresslevel=6, mtime=0)
+def dumps(document: dict[str, Any], encoded: dict[str, str] | None = None) -> str:
+    """`document` as compact JSON. `encoded` holds some of its values already in JSON, as `json.dumps` with
+    these separators writes them: those are put in as they are, which spares encoding again what the agent
+    sends unchanged batch after batch (holder descriptions). The text is the same either way."""
+    if not encoded:
+        return json.dumps(document, separators=(",", ":"))
+    parts = [
+        f"{json.dumps(key)}:{encoded[key] if key in encoded else json.dumps(value, separators=(',', ':'))}"
+        for key, value in document.items()
+    ]
+    return "{" + ",".join(parts) + "}"
+
+
+def gzip_json(document: dict[str, Any], encoded: dict[str, str] | None = None) -> bytes:
+    return gzip.compress(dumps(document, encoded).encode(), compresslevel=6, mtime=0)

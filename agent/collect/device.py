@@ -10,6 +10,7 @@ MIG-mode GPU's own list is the sum of its slices' lists, so its processes are de
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 from ..nvml import Absent, Nvml
@@ -58,7 +59,7 @@ class DeviceSource:
         if procs is not None:
             reading.procs, reading.procs_mem_mib = _counts(procs)
             if not gpu.mig_mode:
-                reading.holders = self._holders(procs)
+                reading.holders = self._holders(gpu.memo, procs)
 
         temp = ask(nvml, unsupported, lib.nvmlDeviceGetTemperatureV, gpu.handle, self._temp_sensor)
         if isinstance(temp, Absent) and "nvmlDeviceGetTemperatureV" in unsupported:
@@ -81,7 +82,7 @@ class DeviceSource:
             slice_procs = self._processes(gpu, s.handle, "mig:", "slice_procs", DEVICE_ACCESS)
             if slice_procs is not None:
                 sr.procs, sr.procs_mem_mib = _counts(slice_procs)
-                sr.holders = self._holders(slice_procs)
+                sr.holders = self._holders(s.memo, slice_procs)
 
     def _memory_used(self, gpu: GpuDevice, handle: Any, scope: str, figure: str, grant: str) -> int | None:
         lib, nvml, unsupported = self.nvml.lib, self.nvml, gpu.unsupported
@@ -112,13 +113,26 @@ class DeviceSource:
             return None
         return procs
 
-    def _holders(self, procs: list[ProcessRecord]) -> tuple[Holder, ...]:
+    def _holders(self, memo: dict[str, Any], procs: list[ProcessRecord]) -> tuple[Holder, ...]:
         """Who the processes are, most memory first, at most `SAMPLE_HOLDERS`; those left over are counted as
-        `holders:truncated`. A process that has exited since NVML listed it is none."""
+        `holders:truncated`. A process that has exited since NVML listed it is none. The same holders as the
+        device's last interval (the same objects: no process came, went or changed its memory) are the same
+        tuple, which lets the batch reuse that tuple's references (`batch.HolderTable.refs`)."""
         if self.holders is None or not procs:
+            memo.pop("holders", None)
             return ()
+        last: tuple[list[ProcessRecord], tuple[Holder, ...]] | None = memo.get("holders")
+        # The same records as last interval (the process reader gives an unchanged record as the same object),
+        # all of them described and none due for a check: the same holders, without sorting or looking up.
+        if (
+            last is not None
+            and len(last[1]) == len(procs) == len(last[0])
+            and all(map(operator.is_, last[0], procs))
+            and self.holders.keep(last[1])
+        ):
+            return last[1]
         # Sorted before reading /proc, so a crowded device costs reads of the kept processes only.
-        ordered = sorted(procs, key=lambda p: (p.used_mib is None, -(p.used_mib or 0), p.pid))
+        ordered = sorted(procs, key=_by_memory)
         found: list[Holder] = []
         for i, record in enumerate(ordered):
             if len(found) == SAMPLE_HOLDERS:
@@ -127,12 +141,20 @@ class DeviceSource:
             holder = self.holders.read(record.pid, record.used_mib)
             if holder is not None:
                 found.append(holder)
-        return tuple(found)
+        held = tuple(found)
+        if last is not None and len(last[1]) == len(held) and all(map(operator.is_, last[1], held)):
+            held = last[1]
+        memo["holders"] = (procs, held)
+        return held
 
     @staticmethod
     def _mark_lost(gpu: GpuDevice, value: Absent) -> None:
         if value.reason == "gpu_lost":
             gpu.lost = "gpu_lost"
+
+
+def _by_memory(p: ProcessRecord) -> tuple[bool, int, int]:
+    return (p.used_mib is None, -(p.used_mib or 0), p.pid)
 
 
 def _counts(procs: list[ProcessRecord]) -> tuple[int, int | None]:

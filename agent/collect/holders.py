@@ -2,9 +2,13 @@
 time, and the container, Kubernetes pod or Slurm job it runs in, read from /proc.
 
 Standard library only, and cheap once warm: what cannot change while a process lives (executable, user,
-cgroups, command line) is kept per (pid, start time), so a process seen again costs one read of
-`/proc/<pid>/stat`. A process that exits between NVML's list and these reads is no holder; a file the agent may
-not read leaves its figure None. Nothing here raises: reasons are counted in `errors` as "holders:reason".
+cgroups, command line) is kept per (pid, start time). A pid NVML listed in the previous interval too, already
+described, is taken to be the same process without reading /proc: for it to be another, the process would
+have to exit and the kernel hand its pid to a new one that opens the GPU, all within one interval. Each known
+pid's `/proc/<pid>/stat` start time is still checked every `REVALIDATE_S`, so a reused pid is told apart
+within that time at the latest. A pid NVML no longer lists is forgotten at the next interval. A process that
+exits between NVML's list and these reads is no holder; a file the agent may not read leaves its figure None.
+Nothing here raises: reasons are counted in `errors` as "holders:reason".
 
 Pod namespace and name come without a Kubernetes client, from the folders kubelet writes container logs to,
 `<pods_root>/<namespace>_<pod-name>_<pod-uid>/` (kubernetes pkg/kubelet/kuberuntime/helpers.go,
@@ -28,6 +32,9 @@ from .cgroups import NOTHING, parse_cgroup
 # The wire format's bounds (docs/ingest-protocol.md, "Holders"): the agent cuts what is longer.
 SAMPLE_HOLDERS = 64
 """Holders one sample lists at most: those holding the most memory."""
+REVALIDATE_S = 60.0
+"""How often a pid listed interval after interval has its /proc start time checked again, s: a pid reused by
+a new process between two intervals is described as the new process within this time."""
 NAME_CHARS = 253  # a DNS subdomain's longest, which bounds Kubernetes namespaces and pod names
 ID_CHARS = 128
 COMMAND_CHARS = 1024
@@ -175,6 +182,8 @@ class _Gone(Exception):
 class HolderReader:
     """Reads holders from a proc tree. Call `begin_interval` once at the start of each collection interval,
     then `read` for each (pid, memory) NVML lists; processes not read in an interval are forgotten at the next.
+    A pid read in the previous interval is not read from /proc again until `revalidate_s` (on `clock`) has
+    passed since its start time was last checked.
 
     `errors` counts what went wrong as "holders:reason": exited, permission_denied, unreadable (another
     OSError), unparsable, pods_unreadable."""
@@ -186,17 +195,23 @@ class HolderReader:
         *,
         with_args: bool = False,
         user_of: Callable[[int], str | None] | None = None,
+        revalidate_s: float = REVALIDATE_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.proc_root = proc_root
         self.pods_root = pods_root
         self.with_args = with_args
+        self.revalidate_s = revalidate_s
         self.errors: Counter[str] = Counter()
         self._proc = str(proc_root)
         self._user_of = user_of or passwd_name
+        self._clock = clock
+        self._now = clock()
         self._users: dict[int, str | None] = {}
         self._hz = os.sysconf("SC_CLK_TCK")
         self._boot: int | None = None
-        self._known: dict[int, tuple[int, Holder]] = {}
+        # pid -> (start time in ticks, the holder as last read, when the start time is next to be checked)
+        self._known: dict[int, tuple[int, Holder, float]] = {}
         self._seen: set[int] = set()
         self._pods: dict[str, tuple[str, str]] | None = None
 
@@ -206,21 +221,46 @@ class HolderReader:
             del self._known[pid]
         self._seen.clear()
         self._pods = None
+        self._now = self._clock()
+
+    def keep(self, holders: tuple[Holder, ...]) -> bool:
+        """Whether `holders`, read in the previous interval, are still what `read` would give for their pids and
+        memory now, with no start time due for a check; if so they count as read in this interval."""
+        known, now = self._known, self._now
+        for holder in holders:
+            entry = known.get(holder.pid)
+            if entry is None or entry[1] is not holder or entry[2] <= now:
+                return False
+            if holder.pod_uid is not None and holder.pod is None:
+                return False  # kubelet may have written the pod's folder since
+        self._seen.update(h.pid for h in holders)
+        return True
 
     def read(self, pid: int, used_mib: int | None) -> Holder | None:
         """The holder behind host `pid`, or None if it has exited."""
         self._seen.add(pid)
+        known = self._known.get(pid)
+        if known is not None and known[2] > self._now:
+            # Listed in the previous interval and checked lately: the same process (see the module's description).
+            holder = known[1]
+            if holder.used_mib == used_mib and (holder.pod_uid is None or holder.pod is not None):
+                return holder
+            if holder.pod_uid is not None and holder.pod is None:
+                holder = self._named(holder)  # kubelet may have written the folder since
+            if holder.used_mib != used_mib:
+                holder = replace(holder, used_mib=used_mib)
+            self._known[pid] = (known[0], holder, known[2])
+            return holder
         base = f"{self._proc}/{pid}/"
         try:
             stat = self._read_stat(base + "stat")
             start = _stat_start(stat) if stat is not None else None
             if stat is not None and start is None:
                 self.errors["holders:unparsable"] += 1
-            known = self._known.get(pid)
             if known is not None and start is not None and known[0] == start:
                 holder = known[1]
                 if holder.pod_uid is not None and holder.pod is None:
-                    holder = self._named(holder)  # kubelet may have written the folder since
+                    holder = self._named(holder)
             else:
                 holder = self._fresh(pid, base, start)
         except _Gone:
@@ -230,9 +270,9 @@ class HolderReader:
         if holder.used_mib != used_mib:
             holder = replace(holder, used_mib=used_mib)
         if start is None:
-            self._known.pop(pid, None)
-        elif known is None or known[1] is not holder:
-            self._known[pid] = (start, holder)
+            self._known.pop(pid, None)  # an unknown start cannot tell a reused pid: read afresh each interval
+        else:
+            self._known[pid] = (start, holder, self._now + self.revalidate_s)
         return holder
 
     def _fresh(self, pid: int, base: str, start: int | None) -> Holder:

@@ -10,8 +10,9 @@ from typing import Any
 
 from .holders import Holder
 
-HolderRef = Callable[[Holder], int | None]
-"""A batch's number for a holder (`batch.HolderTable.ref`); None when the batch can describe no more."""
+HolderRefs = Callable[[tuple[Holder, ...]], list[dict[str, int]]]
+"""A sample's references to its holders in a batch's holders table (`batch.HolderTable.refs`): number and
+memory; a holder the batch can describe no more is left out."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,22 +117,14 @@ class Reading:
     procs_mem_mib: int | None = None
     holders: tuple[Holder, ...] = ()
 
-    def to_wire(self, ref: HolderRef | None = None) -> dict[str, Any]:
-        """The sample; with `ref`, its holders as references into the batch's holders table."""
+    def to_wire(self, refs: HolderRefs | None = None) -> dict[str, Any]:
+        """The sample; with `refs`, its holders as references into the batch's holders table."""
         wire: dict[str, Any] = {"uuid": self.uuid, "util_source": self.util_source}
         for name, value in zip(_READING_FIGURES, _figures(self), strict=True):
             if value is not None:
                 wire[name] = round(value, 2) if isinstance(value, float) else value
-        if ref is not None and self.holders:
-            held = []
-            for holder in self.holders:
-                number = ref(holder)
-                if number is None:
-                    continue
-                entry: dict[str, int] = {"ref": number}
-                if holder.used_mib is not None:
-                    entry["used_mib"] = holder.used_mib
-                held.append(entry)
+        if refs is not None and self.holders:
+            held = refs(self.holders)
             if held:
                 wire["holders"] = held
         return wire
@@ -161,12 +154,12 @@ class Interval:
     gpus: tuple[GpuInfo, ...]
     readings: list[Reading] = field(default_factory=list)
 
-    def to_wire(self, ref: HolderRef | None = None) -> dict[str, Any]:
-        """The interval; with `ref`, each sample refers to its holders (without, they are left out)."""
+    def to_wire(self, refs: HolderRefs | None = None) -> dict[str, Any]:
+        """The interval; with `refs`, each sample refers to its holders (without, they are left out)."""
         return {
             "start": self.start.isoformat().replace("+00:00", "Z"),
             "duration_s": round(self.duration_s, 3),
-            "samples": [r.to_wire(ref) for r in self.readings],
+            "samples": [r.to_wire(refs) for r in self.readings],
         }
 
 

@@ -280,7 +280,7 @@ def test_a_journal_write_that_failed_describes_its_holders_again(
     b.add(held(0, {"GPU-a": (holder(1),)}), INSTANCE, {})
     real_append = Journal.append
 
-    def full_disk(self: Journal, record: dict[str, Any]) -> None:
+    def full_disk(self: Journal, record: dict[str, Any], encoded: dict[str, str] | None = None) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(Journal, "append", full_disk)
@@ -292,3 +292,35 @@ def test_a_journal_write_that_failed_describes_its_holders_again(
     [doc] = sealed(b)
     assert [h["pid"] for h in doc["holders"]] == [1, 2]
     assert doc["intervals"][1]["samples"][0]["holders"] == [{"ref": 1, "used_mib": 1000}]
+
+
+def test_a_device_s_unchanged_holders_share_one_list_of_references(tmp_path: Path) -> None:
+    b = batcher(tmp_path, n=3)
+    on_a = (holder(1), holder(2, None))
+    for n in range(3):
+        b.add(held(n, {"GPU-a": on_a}), INSTANCE, {})
+    [doc] = sealed(b)
+    assert [iv["samples"][0]["holders"] for iv in doc["intervals"]] == [[{"ref": 0, "used_mib": 1000}, {"ref": 1}]] * 3
+    b.add(held(3, {"GPU-a": on_a}), INSTANCE, {})
+    b.add(held(4, {"GPU-a": on_a}), INSTANCE, {})
+    first, second = (r["samples"][0]["holders"] for r in b.journal.records if r["t"] == "interval")
+    assert first is second
+    b.journal.close()
+
+
+def test_the_holders_json_written_once_is_what_json_would_write(tmp_path: Path) -> None:
+    """The journal line and the sealed body put in the table's own JSON of each description: the text is the one
+    `json.dumps` writes for the whole record, escapes and all."""
+    b = batcher(tmp_path, n=2)
+    odd = holder(7, pod_uid="u", namespace='é\u00e9"x', pod="pod-ü", job_id="line\nbreak")
+    b.add(held(0, {"GPU-a": (holder(1), odd)}), INSTANCE, {"x:y": 1})
+    lines = (tmp_path / "open.jsonl").read_bytes().splitlines()
+    assert [json.dumps(json.loads(line), separators=(",", ":")).encode() for line in lines] == lines
+    b.add(held(1, {"GPU-a": (odd, holder(3))}), INSTANCE, {})
+    [item] = b.spool.pending()
+    body = b.spool.read(item)
+    assert body is not None
+    text = gzip.decompress(body)
+    doc = json.loads(text)
+    assert json.dumps(doc, separators=(",", ":")).encode() == text
+    assert [h["pid"] for h in doc["holders"]] == [1, 7, 3] and doc["holders"][1]["namespace"] == 'é\u00e9"x'

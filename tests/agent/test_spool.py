@@ -1,8 +1,9 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from agent.spool import Journal, Spool
+from agent.spool import Journal, Spool, dumps
 
 
 class Clock:
@@ -170,3 +171,11 @@ def test_events_left_by_the_sender_wait_on_disk_until_discarded(tmp_path: Path) 
     assert [e["details"]["n"] for e in Spool(tmp_path).events()] == [2]
     again.discard_events(1)
     assert again.events() == [] and not (tmp_path / "events.json").exists()
+
+
+def test_dumps_puts_in_values_given_as_json_and_writes_the_same_text() -> None:
+    document = {"a": 1.5, "b": ["é", {"c": None}], "h": [{"id": 0, "pid": 1}], "z": "\n"}
+    plain = json.dumps(document, separators=(",", ":"))
+    assert dumps(document) == plain
+    assert dumps(document, {"h": '[{"id":0,"pid":1}]'}) == plain
+    assert dumps(document, {"h": "[]"}) == plain.replace('[{"id":0,"pid":1}]', "[]")

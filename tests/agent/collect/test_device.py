@@ -216,7 +216,7 @@ def test_a_process_gone_from_proc_is_no_holder_and_raises_nothing(tmp_path: Path
     interval = h.interval()
     uuid = interval.gpus[0].uuid
     assert h.reading(interval, uuid)["procs"] == 1 and holders_of(interval, uuid) == ()
-    assert "holders" not in interval.readings[0].to_wire(lambda holder: 0)
+    assert "holders" not in interval.readings[0].to_wire(lambda holders: [{"ref": 0}] * len(holders))
     assert h.nvml.take_errors() == {"holders:exited": 1}
     proc.add(777, cgroup=V2_SLURM)
     [holder] = holders_of(h.interval(), uuid)
@@ -257,6 +257,22 @@ def test_a_crowded_device_lists_the_holders_of_the_most_memory(tmp_path: Path) -
     assert [x.pid for x in listed] == [5000 + i for i in range(SAMPLE_HOLDERS + 5, 5, -1)]
     assert h.reading(interval, interval.gpus[6].uuid)["procs"] == SAMPLE_HOLDERS + 6
     assert h.nvml.take_errors()["holders:truncated"] == 6
+
+
+def test_a_device_whose_holders_did_not_change_gives_the_same_tuple(tmp_path: Path) -> None:
+    proc, reader = proc_tree(tmp_path)
+    h = Host("g5-idle", holders=reader)
+    for pid in (41, 42):
+        proc.add(pid)
+        h.lib.add_process(0, pid, 100)
+    uuid = h.lib._gpus[0].uuid
+    first = holders_of(h.interval(), uuid)
+    assert len(first) == 2
+    assert holders_of(h.interval(), uuid) is first, "the batch reuses the references of an unchanged tuple"
+    proc.add(43)
+    h.lib.add_process(0, 43, 300)
+    changed = holders_of(h.interval(), uuid)
+    assert [x.pid for x in changed] == [43, 41, 42] and changed[1:] == first
 
 
 WORK_HOURS = datetime(2026, 11, 24, 17, 0, tzinfo=UTC).timestamp()  # a Tuesday, noon in UTC-5

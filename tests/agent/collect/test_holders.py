@@ -326,16 +326,86 @@ def test_a_known_process_costs_one_stat_read(tmp_path: Path, proc: Proc) -> None
     assert r.errors == {}
 
 
-def test_a_reused_pid_is_read_afresh(tmp_path: Path, proc: Proc) -> None:
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def counted_opens(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths `os.open` is asked for from now on."""
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting(path: str, flags: int, *args: int, **kwargs: int) -> int:
+        opened.append(str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counting)
+    return opened
+
+
+def test_a_known_pid_is_not_read_again_within_the_cadence(
+    tmp_path: Path, proc: Proc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proc.add(55)
+    clock = Clock()
+    r = reader(tmp_path, revalidate_s=60.0, clock=clock)
+    first = r.read(55, 100)
+    assert first is not None
+    opened = counted_opens(monkeypatch)
+    for _ in range(10):
+        clock.now += 5.9
+        r.begin_interval()
+        assert r.read(55, 100) is first
+    assert r.read(55, 120) == replace(first, used_mib=120)
+    assert opened == [], "listed interval after interval: no /proc read until the cadence is due"
+
+    proc.add(56)
+    assert r.read(56, 1) is not None
+    assert opened == [str(proc.root / "56" / name) for name in ("stat", "comm", "status", "cgroup")], "a new pid is"
+
+    clock.now += 1.0  # 60.0 s since pid 55 was checked
+    r.begin_interval()
+    opened.clear()
+    assert r.read(55, 120) == replace(first, used_mib=120)
+    assert opened == [str(proc.root / "55" / "stat")], "after the cadence, one stat read re-validates it"
+
+
+def test_a_pid_missing_from_one_interval_is_read_again(
+    tmp_path: Path, proc: Proc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proc.add(57)
+    r = reader(tmp_path, clock=Clock())
+    assert r.read(57, 1) is not None
+    r.begin_interval()  # NVML did not list it in this interval
+    r.begin_interval()
+    opened = counted_opens(monkeypatch)
+    assert r.read(57, 1) is not None
+    assert opened == [str(proc.root / "57" / name) for name in ("stat", "comm", "status", "cgroup")], "forgotten"
+
+
+def test_a_reused_pid_becomes_a_new_holder_after_the_cadence(tmp_path: Path, proc: Proc) -> None:
     proc.add(60, comm="python3", start=1000, cgroup=V2_DOCKER_CGROUPFS)
-    r = reader(tmp_path)
-    assert r.read(60, 1) is not None
+    clock = Clock()
+    r = reader(tmp_path, revalidate_s=60.0, clock=clock)
+    old = r.read(60, 1)
+    assert old is not None and old.executable == "python3"
     proc.add(60, comm="ollama", uid=0, start=5000, cgroup=V2_SLURM)
+    clock.now += 30.0
+    r.begin_interval()
+    assert r.read(60, 1) is old, "within the cadence a pid listed again is taken for the same process"
+    clock.now += 30.0
     r.begin_interval()
     holder = r.read(60, 2)
     assert holder == Holder(
         60, "ollama", 0, "root", BTIME + 5000 / HZ, 2, job_id="12345", job_step="batch", container_id=None
     )
+    clock.now += 1.0
+    r.begin_interval()
+    assert r.read(60, 2) is holder
 
 
 def test_processes_not_seen_in_an_interval_are_forgotten(tmp_path: Path, proc: Proc) -> None:
