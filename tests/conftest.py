@@ -31,11 +31,28 @@ from tests.feeding import Feeder
 
 # In this order, which the servers the tests run take their locks in, so TRUNCATE does not deadlock with a request
 # still finishing; then any other table the models declare, so a new one is emptied without anyone listing it.
-_ORDER = (
-    "api_tokens, instances, gpus, mig_slices, events, ingest_batches, samples, rollups_hourly, rollups_daily, "
-    "rollups_5m, instance_rollups_hourly, instance_rollups_daily, device_status, web_sessions, holders, "
-    "holder_rollups_hourly, holder_rollups_daily, holder_groups_hourly, holder_groups_daily, device_holders_now"
-).split(", ")
+_ORDER = [
+    "api_tokens",
+    "instances",
+    "gpus",
+    "mig_slices",
+    "events",
+    "ingest_batches",
+    "samples",
+    "rollups_hourly",
+    "rollups_daily",
+    "rollups_5m",
+    "instance_rollups_hourly",
+    "instance_rollups_daily",
+    "device_status",
+    "web_sessions",
+    "holders",
+    "holder_rollups_hourly",
+    "holder_rollups_daily",
+    "holder_groups_hourly",
+    "holder_groups_daily",
+    "device_holders_now",
+]
 TABLES = ", ".join([*_ORDER, *(t.name for t in Base.metadata.sorted_tables if t.name not in _ORDER)])
 
 
