@@ -121,7 +121,7 @@ def test_holder_grouping_combines_with_others(analyst: Analyst, held_fleet: dict
 
 def test_grouping_by_holder_needs_the_split(analyst: Analyst, held_fleet: dict[str, datetime]) -> None:
     a = analyst.waste(held_fleet["start"], held_fleet["end"])
-    with pytest.raises(ValueError, match="holder|held"):
+    with pytest.raises(ValueError, match=r"holder|held"):
         a.group_by(["user"])
 
 
