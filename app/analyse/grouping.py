@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 from .figures import Figures, Unit
 from .fleet import InstanceInfo
-from .holders import HOLDER_GROUPS, NO_HOLDER, GroupHeld, Part, group_figures, holder_key, rest_of, value_label
+from .holder_groups import HeldValues, value_label
+from .holders import HOLDER_GROUPS, NO_HOLDER, Part, holder_key, rest
 
 InstanceKey = Callable[[InstanceInfo], tuple[str, str]]
 UnitKey = Callable[[Unit], tuple[str, str]]
@@ -127,14 +128,13 @@ def group_rows(
     units: Sequence[Unit],
     names: Sequence[str],
     parts: Sequence[Part] | None = None,
-    values: tuple[str, dict[int, list[GroupHeld]]] | None = None,
+    values: HeldValues | None = None,
 ) -> list[GroupRow]:
     """Rows per combination of the named groupings (keys and labels joined by " / "), largest waste
     first. Groupings by something of the instance add up per-instance figures; one grouping by holder among them
-    adds up what each value held per instance (`values`: the grouping and, per instance, its values, needed for
-    it); other groupings by holder go part by part (`parts`: the units split among their holders, needed for
-    them); the rest go unit by unit. KeyError for an unknown name; ValueError for a grouping by holder without
-    what it needs."""
+    takes what each value held per group (`values`, read for these names, needed for it); other groupings by holder
+    go part by part (`parts`: the units split among their holders, needed for them); the rest go unit by unit.
+    KeyError for an unknown name; ValueError for a grouping by holder without what it needs."""
     instance_keys = [instance_key(n) for n in names]
     rows: dict[str, GroupRow] = {}
 
@@ -148,9 +148,9 @@ def group_rows(
 
     single = by_value(names)
     if single is not None and (values is not None or parts is None):
-        if values is None or values[0] != single:
-            raise ValueError(f"a grouping by {single} needs what each of its values held per instance")
-        _add_values(rows, row_for, by_instance, names, single, values[1])
+        if values is None or values.groups != tuple(names):
+            raise ValueError(f"a grouping by {single} needs what each of its values held, read for {list(names)}")
+        _add_values(row_for, by_instance, names, values)
     elif by_holder(names):
         if parts is None:
             raise ValueError("a grouping by holder needs the units split among their holders")
@@ -181,39 +181,57 @@ def group_rows(
     return sorted(rows.values(), key=lambda r: (-r.figures.waste, -r.figures.cost, r.label))
 
 
+def instance_group(names: Sequence[str], inst: InstanceInfo) -> str:
+    """The key of an instance's group under the groupings by something of the instance among `names` (empty when
+    there are none): what app.analyse.holder_groups sums values per."""
+    return " / ".join(key(inst)[0] for n in names if (key := instance_key(n)) is not None)
+
+
 def _add_values(
-    rows: dict[str, GroupRow],
     row_for: Callable[[list[tuple[str, str]]], GroupRow],
     by_instance: dict[int, GroupRow],
     names: Sequence[str],
-    grouping: str,
-    held: dict[int, list[GroupHeld]],
+    held: HeldValues,
 ) -> None:
-    """Each instance's figures split among the values of `grouping` that held its devices, and what they leave as
-    the part of no holder."""
+    """Each group of instances split among the values of the grouping by holder that held its devices, and what they
+    leave of it as the part of no holder. A value's row names one instance of its group as its sample."""
     keys = [instance_key(n) for n in names]
-    at = names.index(grouping)
-    for pk, inst_row in by_instance.items():
+    at = names.index(held.grouping)
+    bases: dict[str, list[tuple[str, str]]] = {}
+    members: dict[str, list[GroupRow]] = {}
+    for inst_row in by_instance.values():
         inst = inst_row.sample.instance
         base = [k(inst) if k is not None else (NO_HOLDER, NO_HOLDER) for k in keys]
-        rate = inst.price.usd_per_gpu_hour
-        taken = Figures()
-        for g in held.get(pk, ()):
-            figures = group_figures(g, rate)
-            taken.add(figures)
-            parts = list(base)
-            parts[at] = value_label(grouping, g.key, g.label)
-            _add_to(row_for(parts), figures, inst_row)
-        rest = rest_of(inst_row.figures, taken)
-        if rest.all_hours > 1e-9 or rest.capacity_unknown:
-            _add_to(row_for(base), rest, inst_row)
-
-
-def _add_to(row: GroupRow, figures: Figures, inst_row: GroupRow) -> None:
-    row.figures.add(figures)
-    row.units.extend(inst_row.units)
-    row.gpus |= inst_row.gpus
-    row.prices |= inst_row.prices
+        group = " / ".join(b[0] for b, k in zip(base, keys, strict=True) if k is not None)
+        bases.setdefault(group, base)
+        members.setdefault(group, []).append(inst_row)
+    prices = {g: {p for m in rows for p in m.prices} for g, rows in members.items()}
+    taken: dict[str, Figures] = {}
+    for v in held.sums:
+        found = bases.get(v.group)
+        if found is None:
+            continue
+        figures = v.figures
+        taken.setdefault(v.group, Figures()).add(figures)
+        parts = list(found)
+        parts[at] = value_label(held.grouping, v.key, v.label)
+        row = row_for(parts)
+        row.figures.add(figures)
+        if not row.units:
+            row.units.append(members[v.group][0].sample)
+        row.prices |= prices[v.group]
+    for group, inst_rows in members.items():
+        whole = Figures()
+        for inst_row in inst_rows:
+            whole.add(inst_row.figures)
+        left = rest(whole, [taken[group]]) if group in taken else whole
+        if left.all_hours > 1e-9 or left.capacity_unknown:
+            row = row_for(bases[group])
+            row.figures.add(left)
+            for inst_row in inst_rows:
+                row.units.extend(inst_row.units)
+                row.gpus |= inst_row.gpus
+            row.prices |= prices[group]
 
 
 def per_instance(units: Iterable[Unit]) -> dict[int, GroupRow]:

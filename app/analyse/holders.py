@@ -23,7 +23,7 @@ from ..models import UTIL_BOUNDS
 from .figures import Figures, Unit, usage_figures
 from .states import UNPARTITIONED
 from .usage import DeviceUsage
-from .window import DAILY, Window
+from .window import Window, union_of_reads
 
 NO_HOLDER = "(none)"
 """The group of time no process held: its key and its label."""
@@ -177,16 +177,9 @@ def _held_sql(bound: int, shape: tuple[tuple[str, int], ...], filtered: bool, co
     if bound not in UTIL_BOUNDS:
         raise ValueError(f"idle threshold {bound} is not a rollup bound")
     names = [n.format(b=bound) for n in _SUMS]
-    device_filter = " AND device_id = ANY(CAST(:ids AS int4[]))" if filtered else ""
-    parts = []
-    for i, (table, sign) in enumerate(shape):
-        time_col, name = ("day", "holder_rollups_daily") if table == DAILY else ("hour", "holder_rollups_hourly")
-        cols = ", ".join(n if sign > 0 else f"-{n} AS {n}" for n in names)
-        parts.append(
-            f"SELECT device_id, holder_id, {cols} FROM {name} "
-            f"WHERE {time_col} >= :t{i}a AND {time_col} < :t{i}b{device_filter}"
-        )
-    rollups = " UNION ALL ".join(parts)
+    device_filter = "device_id = ANY(CAST(:ids AS int4[]))" if filtered else ""
+    tables = ("holder_rollups_daily", "holder_rollups_hourly")
+    rollups = union_of_reads(shape, tables, "device_id, holder_id", names, device_filter)
     sums = ", ".join(f"CAST(sum({n}) AS float8) AS {n}" for n in names)
     if columns is None:
         info = ", ".join(f"h.{c}" for c, _t in _INFO_COLUMNS)
@@ -242,12 +235,12 @@ def held_usage(
 _FIELDS = tuple(f.name for f in fields(Figures))
 
 
-def _rest(whole: Figures, parts: Sequence[Figures]) -> Figures:
+def rest(whole: Figures, parts: Sequence[Figures]) -> Figures:
     """What `parts` leave of `whole`, field by field, never under 0."""
-    rest = Figures()
+    left = Figures()
     for name in _FIELDS:
-        setattr(rest, name, max(0.0, getattr(whole, name) - sum(getattr(p, name) for p in parts)))
-    return rest
+        setattr(left, name, max(0.0, getattr(whole, name) - sum(getattr(p, name) for p in parts)))
+    return left
 
 
 def _held_figures(unit: Unit, held: HeldUsage, scale: float) -> Figures:
@@ -280,117 +273,7 @@ def split_units(units: Sequence[Unit], held: dict[int, list[HeldUsage]], holders
         scale = min(1.0, covered / claimed) if claimed > 0 else 0.0
         mine = [Part(unit, holders[h.holder_id], _held_figures(unit, h, scale), h) for h in found]
         parts.extend(mine)
-        rest = _rest(whole, [p.figures for p in mine])
-        if rest.all_hours > 1e-9 or rest.capacity_unknown:
-            parts.append(Part(unit, None, rest))
+        left = rest(whole, [p.figures for p in mine])
+        if left.all_hours > 1e-9 or left.capacity_unknown:
+            parts.append(Part(unit, None, left))
     return parts
-
-
-class GroupHeld(NamedTuple):
-    """What the holders with one value of a grouping (one user, say) held on one instance over a window: GPU-seconds
-    weighed as the analysis weighs devices (app/store/holder_groups.py)."""
-
-    instance_pk: int
-    key: str
-    label: str | None
-    secs_w: float
-    known_w: float
-    usum_w: float
-    """The devices' utilization x GPU-seconds with a figure, %*s."""
-    below_w: float
-    """GPU-seconds with the device under the idle threshold: idle-held."""
-    unsized_s: float
-    """Seconds held on MIG slices of unknown size."""
-
-
-_MISSING = {
-    "user": "(unknown user)",
-    "process": "(unknown process)",
-    "container": "(no container)",
-    "namespace": "(no namespace)",
-    "pod": "(no pod)",
-    "job": "(no job)",
-}
-"""The label of holders without a value for the grouping, as HOLDER_GROUPS gives it."""
-
-
-def value_label(grouping: str, key: str, label: str | None) -> tuple[str, str]:
-    """A stored value's (key, label) as HOLDER_GROUPS gives it."""
-    return (key, label or key) if key else ("", _MISSING[grouping])
-
-
-@lru_cache(maxsize=64)
-def _groups_sql(bound: int, shape: tuple[tuple[str, int], ...], filtered: bool) -> str:
-    if bound not in UTIL_BOUNDS:
-        raise ValueError(f"idle threshold {bound} is not a rollup bound")
-    names = ("secs_w", "known_w", "usum_w", f"lt{bound}_w", "unsized_s")
-    instance_filter = " AND instance_pk = ANY(CAST(:ids AS int8[]))" if filtered else ""
-    parts = []
-    for i, (table, sign) in enumerate(shape):
-        time_col, name = ("day", "holder_groups_daily") if table == DAILY else ("hour", "holder_groups_hourly")
-        cols = ", ".join(n if sign > 0 else f"-{n} AS {n}" for n in names)
-        parts.append(
-            f"SELECT instance_pk, key, label, {cols} FROM {name} "
-            f"WHERE {time_col} >= :t{i}a AND {time_col} < :t{i}b AND grouping = :grouping{instance_filter}"
-        )
-    sums = ", ".join(f"CAST(sum({n}) AS float8)" for n in names)
-    return (
-        f"SELECT instance_pk, key, max(label), {sums} FROM ({' UNION ALL '.join(parts)}) r "
-        "GROUP BY 1, 2 HAVING sum(secs_w) + sum(unsized_s) > 0.001"
-    )
-
-
-def group_held(
-    session: Session,
-    window: Window,
-    grouping: str,
-    *,
-    idle_util_pct: int,
-    instance_pks: Sequence[int] | None = None,
-) -> dict[int, list[GroupHeld]]:
-    """Per instance (`instance_pks` narrows the read), what each value of `grouping` held over the window."""
-    reads = window.rollup_reads()
-    out: dict[int, list[GroupHeld]] = {}
-    if not reads or (instance_pks is not None and not instance_pks):
-        return out
-    params: dict[str, Any] = {"grouping": grouping}
-    for i, r in enumerate(reads):
-        params[f"t{i}a"], params[f"t{i}b"] = r.start, r.end
-    if instance_pks is not None:
-        params["ids"] = list(instance_pks)
-    sql = _groups_sql(idle_util_pct, tuple((r.table, r.sign) for r in reads), instance_pks is not None)
-    make = GroupHeld._make
-    for row in fetch_binary(session, sql, params):
-        held = make(row)
-        out.setdefault(held.instance_pk, []).append(held)
-    return out
-
-
-def group_figures(g: GroupHeld, rate: float | None) -> Figures:
-    """A value's figures on one instance, priced at the instance's `rate` (USD per GPU-hour), as _held_figures makes
-    a holder's: no idle, no time without a process, seconds under the threshold counted as known."""
-    gpu_h = g.secs_w / 3600
-    below_h = g.below_w / 3600
-    known_h = max(g.known_w, g.below_w) / 3600
-    sum_h = g.usum_w / 3600
-    f = Figures(
-        gpu_hours=gpu_h,
-        active_h=max(0.0, known_h - below_h),
-        idle_held_h=below_h,
-        unknown_h=max(0.0, gpu_h - known_h),
-        util_known_h=known_h,
-        util_sum_h=sum_h,
-        unsized_slice_h=g.unsized_s / 3600,
-    )
-    if rate is None:
-        f.unpriced_gpu_hours = gpu_h
-    else:
-        f.cost = gpu_h * rate
-        f.idle_held_cost = below_h * rate
-        f.unused_cost = max(0.0, known_h - sum_h / 100) * rate
-    return f
-
-
-def rest_of(whole: Figures, taken: Figures) -> Figures:
-    """What `taken` leaves of `whole`, field by field, never under 0."""
-    return _rest(whole, [taken])

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from ..db import fetch_binary
 from ..models import UTIL_BOUNDS
-from .window import DAILY, RollupRead, Window
+from .window import RollupRead, Window, union_of_reads
 
 _COLUMNS = (
     "secs",
@@ -50,16 +50,10 @@ def _usage_sql(bound: int, shape: tuple[tuple[str, int], ...], filtered: bool) -
     if bound not in UTIL_BOUNDS:
         raise ValueError(f"idle threshold {bound} is not a rollup bound")
     names = [c.format(b=bound) for c in _COLUMNS]
-    device_filter = " AND device_id = ANY(CAST(:ids AS int4[]))" if filtered else ""
-    parts = []
-    for i, (table, sign) in enumerate(shape):
-        time_col, name = ("day", "rollups_daily") if table == DAILY else ("hour", "rollups_hourly")
-        cols = ", ".join(n if sign > 0 else f"-{n} AS {n}" for n in names)
-        parts.append(
-            f"SELECT device_id, {cols} FROM {name} WHERE {time_col} >= :t{i}a AND {time_col} < :t{i}b{device_filter}"
-        )
+    device_filter = "device_id = ANY(CAST(:ids AS int4[]))" if filtered else ""
+    rows = union_of_reads(shape, ("rollups_daily", "rollups_hourly"), "device_id", names, device_filter)
     sums = ", ".join(f"CAST(COALESCE(sum({n}), 0) AS float8)" for n in names)
-    return f"SELECT device_id, {sums} FROM ({' UNION ALL '.join(parts)}) r GROUP BY device_id"
+    return f"SELECT device_id, {sums} FROM ({rows}) r GROUP BY device_id"
 
 
 def window_usage(

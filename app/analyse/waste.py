@@ -19,8 +19,9 @@ from sqlalchemy.orm import Session
 from ..models import Event
 from .figures import GPU, HOURS_PER_MONTH, SLICE, Figures, Unit, usage_figures
 from .fleet import Fleet, GpuInfo, SliceInfo, layout_known
-from .grouping import GroupRow, by_value, group_rows, per_instance, summarise
-from .holders import GroupHeld, Part, group_held, held_usage, holder_columns, split_units
+from .grouping import GroupRow, by_value, group_rows, instance_group, per_instance, summarise
+from .holder_groups import HeldValues, held_values
+from .holders import Part, held_usage, holder_columns, split_units
 from .states import UNPARTITIONED, Thresholds
 from .usage import DeviceUsage, hourly_split, window_usage
 from .window import Window
@@ -121,8 +122,8 @@ class WasteAnalysis:
     parts: list[Part] | None = None
     """The units split among their holders: the building block of groupings by holder; None when the analysis
     was not asked for them."""
-    values: tuple[str, dict[int, list[GroupHeld]]] | None = None
-    """A grouping by holder and what each of its values held per instance: the building block of that grouping
+    values: HeldValues | None = None
+    """What each value of a grouping by holder held per group of instances: the building block of that grouping
     alone or with groupings by something of the instance (grouping.by_value); None when not asked for."""
 
     def group(self, by: str) -> list[GroupRow]:
@@ -179,9 +180,13 @@ def analyse_waste(
     parts = None
     values = None
     single = None if holder_groups is None else by_value(holder_groups)
-    if by_holder and single is not None:
-        pks = list(fleet.instances) if len(fleet.instances) <= 500 else None
-        values = (single, group_held(session, window, single, idle_util_pct=thresholds.idle_util_pct, instance_pks=pks))
+    if by_holder and holder_groups is not None and single is not None:
+        groups = [
+            (pk, inst.price.usd_per_gpu_hour, instance_group(holder_groups, inst))
+            for pk, inst in fleet.instances.items()
+        ]
+        sums = held_values(session, window, single, idle_util_pct=thresholds.idle_util_pct, instances=groups)
+        values = HeldValues(single, tuple(holder_groups), sums)
     elif by_holder:
         columns = None if holder_groups is None else holder_columns(holder_groups)
         held, holders = held_usage(

@@ -6,7 +6,7 @@ midnight: those read one daily rollup row per device per day, which keeps a 30-d
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -111,6 +111,23 @@ class RollupRead:
     start: datetime
     end: datetime
     sign: int
+
+
+def union_of_reads(
+    shape: tuple[tuple[str, int], ...], tables: tuple[str, str], keys: str, names: Sequence[str], where: str = ""
+) -> str:
+    """The rows of the reads of `shape` ((table, sign) each, in order: parameters `t{i}a`, `t{i}b` bound them) as
+    one SELECT ... UNION ALL ...: from the daily or the hourly table of `tables`, their `keys` columns, then the
+    sums `names`, negated in a read taken away; `where` adds a condition to each."""
+    parts = []
+    for i, (table, sign) in enumerate(shape):
+        time_col, name = ("day", tables[0]) if table == DAILY else ("hour", tables[1])
+        cols = ", ".join(n if sign > 0 else f"-{n} AS {n}" for n in names)
+        parts.append(
+            f"SELECT {keys}, {cols} FROM {name} WHERE {time_col} >= :t{i}a AND {time_col} < :t{i}b"
+            + (f" AND {where}" if where else "")
+        )
+    return " UNION ALL ".join(parts)
 
 
 def _merge(reads: list[RollupRead]) -> list[RollupRead]:
