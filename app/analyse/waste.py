@@ -132,7 +132,7 @@ class WasteAnalysis:
 
     def group_by(self, names: Sequence[str]) -> list[GroupRow]:
         """Rows per combination of the named groupings (keys and labels joined by " / "), largest waste
-        first. KeyError for an unknown name; ValueError for a grouping by holder in an analysis without `parts`."""
+        first. KeyError for an unknown name; ValueError for a grouping by holder the analysis was not made for."""
         return group_rows(self.by_instance, self.units, names, self.parts, self.values)
 
     def monthly(self, usd: float) -> float:
@@ -158,9 +158,11 @@ def analyse_waste(
     by_holder: bool = False,
     holder_groups: Sequence[str] | None = None,
 ) -> WasteAnalysis:
-    """Figures for every unit of `fleet` over `window`, from the rollups; with `by_holder`, also the units split
-    among the processes that held them (from the holder rollups), for groupings by holder: among the values those
-    of `holder_groups` read (a part per user, say), or, with None, among every process."""
+    """Figures for every unit of `fleet` over `window`, from the rollups. With `by_holder`, also what groupings by
+    holder need: for `holder_groups` (the names a report or page will group by) with one grouping by holder and
+    otherwise only groupings by something of the instance, what each value held per group of instances (`values`,
+    from the holder groups); else the units split among their holders (`parts`, from the holder rollups), a part
+    per value of what `holder_groups` read, or, with None, per process."""
     ids: list[int] | None = fleet.device_ids()
     if ids is not None and len(ids) > 500:
         # Reading every device and dropping what the filters exclude is cheaper than a long id list.
