@@ -28,7 +28,7 @@ MISSING = {
     "pod": "(no pod)",
     "job": "(no job)",
 }
-"""The label of holders without a value for the grouping, as app.analyse.holders.HOLDER_GROUPS gives it."""
+"""The label of holders without a value for each grouping by holder (app.analyse.holders.HOLDER_GROUPS)."""
 
 
 class ValueSums(NamedTuple):

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from ..db import fetch_binary
 from ..models import UTIL_BOUNDS
 from .figures import Figures, Unit, usage_figures
+from .holder_groups import MISSING
 from .states import UNPARTITIONED
 from .usage import DeviceUsage
 from .window import Window, union_of_reads
@@ -98,17 +99,17 @@ def _user(h: HolderInfo) -> tuple[str, str]:
         return h.user_name, h.user_name
     if h.uid is not None:
         return f"uid {h.uid}", f"uid {h.uid}"
-    return "", "(unknown user)"
+    return "", MISSING["user"]
 
 
 def _container(h: HolderInfo) -> tuple[str, str]:
     # As `docker ps` shows an id: its first 12 characters.
-    return (h.container_id, h.container_id[:12]) if h.container_id else ("", "(no container)")
+    return (h.container_id, h.container_id[:12]) if h.container_id else ("", MISSING["container"])
 
 
 def _pod(h: HolderInfo) -> tuple[str, str]:
     if not h.pod and not h.pod_uid:
-        return "", "(no pod)"
+        return "", MISSING["pod"]
     name = h.pod or h.pod_uid or ""
     label = f"{h.namespace}/{name}" if h.namespace else name
     return h.pod_uid or label, label
@@ -116,11 +117,11 @@ def _pod(h: HolderInfo) -> tuple[str, str]:
 
 HOLDER_GROUPS: dict[str, HolderKey] = {
     "user": _user,
-    "process": _attribute("executable", "(unknown process)"),
+    "process": _attribute("executable", MISSING["process"]),
     "container": _container,
-    "namespace": _attribute("namespace", "(no namespace)"),
+    "namespace": _attribute("namespace", MISSING["namespace"]),
     "pod": _pod,
-    "job": _attribute("job_id", "(no job)"),
+    "job": _attribute("job_id", MISSING["job"]),
 }
 """Groupings by the process holding a device; `process` groups by executable name, `job` by Slurm job id."""
 

@@ -18,8 +18,6 @@ from sqlalchemy import BigInteger, Column, Float, PrimaryKeyConstraint, Table, T
 
 from ..models import TZ, UTIL_BOUNDS, Base
 
-GROUPINGS = ("user", "process", "container", "namespace", "pod", "job")
-
 WEIGHED = ("secs_w", "known_w", "usum_w", *[f"lt{b}_w" for b in UTIL_BOUNDS], "unsized_s")
 """The sum columns, in table order."""
 
@@ -38,7 +36,7 @@ def _comment(name: str) -> str:
 
 
 def holder_group_columns(time_name: str, time_comment: str) -> list[Column[Any]]:
-    """Shared by the hourly and daily tables (and their migration): a day's row is what its hours add up to."""
+    """Shared by the hourly and daily tables: a day's row is what its hours add up to."""
     return [
         Column(time_name, TZ, nullable=False, comment=time_comment),
         Column("instance_pk", BigInteger, nullable=False),
