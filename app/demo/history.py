@@ -116,23 +116,8 @@ class HolderBook:
         """Every holder so far as `store_holders` takes it; those of an instance not in `instance_pks` are left
         out (no row refers to them)."""
         return [
-            HolderRow(
-                slot,
-                instance_pks[iid],
-                h.pid,
-                # As the agent sends it: whole seconds.
-                None if h.started_at is None else _utc(int(h.started_at)),
-                h.uid,
-                h.executable,
-                h.user,
-                h.container_id,
-                h.pod_uid,
-                h.namespace,
-                h.pod,
-                h.job_id,
-                h.job_step,
-                h.command,
-            )
+            # As the agent sends the start: whole seconds.
+            HolderRow.of(slot, instance_pks[iid], h, None if h.started_at is None else _utc(int(h.started_at)))
             for slot, (iid, h) in enumerate(self.described)
             if iid in instance_pks
         ]

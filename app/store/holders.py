@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import (
     BigInteger,
@@ -299,6 +299,53 @@ class HolderRow:
     job_step: str | None = None
     command: str | None = None
 
+    @classmethod
+    def of(cls, slot: int, instance_pk: int, h: Described, started_at: datetime | None) -> HolderRow:
+        """The row of a process as a batch (HolderIn) or the agent (agent.collect.holders.Holder) describes it."""
+        return cls(
+            slot,
+            instance_pk,
+            h.pid,
+            started_at,
+            h.uid,
+            h.executable,
+            h.user,
+            h.container_id,
+            h.pod_uid,
+            h.namespace,
+            h.pod,
+            h.job_id,
+            h.job_step,
+            h.command,
+        )
+
+
+class Described(Protocol):
+    """What a process's description has, on the wire and in the agent alike."""
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def uid(self) -> int | None: ...
+    @property
+    def executable(self) -> str | None: ...
+    @property
+    def user(self) -> str | None: ...
+    @property
+    def container_id(self) -> str | None: ...
+    @property
+    def pod_uid(self) -> str | None: ...
+    @property
+    def namespace(self) -> str | None: ...
+    @property
+    def pod(self) -> str | None: ...
+    @property
+    def job_id(self) -> str | None: ...
+    @property
+    def job_step(self) -> str | None: ...
+    @property
+    def command(self) -> str | None: ...
+
 
 @dataclass
 class HolderRefs:
@@ -337,25 +384,7 @@ def write_holders(session: Session, batch: IngestBatchIn, instance_pk: int) -> N
             if sample.holders:
                 refs.add_sample(order, [(r.ref, r.used_mib) for r in sample.holders])
             order += 1
-    rows = [
-        HolderRow(
-            h.id,
-            instance_pk,
-            h.pid,
-            h.started_at,
-            h.uid,
-            h.executable,
-            h.user,
-            h.container_id,
-            h.pod_uid,
-            h.namespace,
-            h.pod,
-            h.job_id,
-            h.job_step,
-            h.command,
-        )
-        for h in batch.holders
-    ]
+    rows = [HolderRow.of(h.id, instance_pk, h, h.started_at) for h in batch.holders]
     store_holders(session, rows, refs)
 
 
