@@ -397,8 +397,9 @@ device_status = Table(
 
 PARTITIONED_TABLES = ("samples", "rollups_hourly", "rollups_5m", "holder_rollups_hourly", "holder_groups_hourly")
 
-# The per-instance rollups live with their write path's weights, the holders' tables with theirs; imported here so
-# the metadata holds them.
+# The per-instance rollups live with their write path's weights, the holders' tables with theirs, the billing tables
+# with billing; imported here so the metadata holds them.
+from .billing import tables as _billing_tables  # noqa: E402, F401
 from .store import holder_groups as _holder_groups  # noqa: E402, F401
 from .store import holders as _holders  # noqa: E402, F401
 from .store import instance_rollups as _instance_rollups  # noqa: E402, F401

@@ -67,6 +67,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def thread_cpu(pid: int) -> dict[int, float]:
+    out = {}
+    for t in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{t}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        out[int(t)] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return out
+
+
 def peak_rss_mib(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -202,6 +211,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]
             raise BenchError(f"agent did not warm up:\n{agent_log.read_text()[-2000:]}")
         time.sleep(args.interval / 4)
     start_count, start_cpu, start_wall = journaled(agent_log), cpu_seconds(agent.pid), time.monotonic()
+    t_start = thread_cpu(agent.pid)
     log(f"measuring {args.intervals} intervals of {args.interval:g} s")
     while journaled(agent_log) < start_count + args.intervals:
         if agent.poll() is not None:
@@ -209,6 +219,8 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]
         time.sleep(args.interval / 4)
     end_count, end_cpu, end_wall = journaled(agent_log), cpu_seconds(agent.pid), time.monotonic()
     rss = peak_rss_mib(agent.pid)
+    t_end = thread_cpu(agent.pid)
+    log("threads: " + str({t: round((t_end[t] - t_start.get(t, 0)) * 1000 / args.intervals, 2) for t in t_end}))
     agent.send_signal(signal.SIGTERM)
     if agent.wait(30) != 0:
         raise BenchError(f"agent exited with {agent.returncode}:\n{agent_log.read_text()[-2000:]}")
