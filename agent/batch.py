@@ -60,6 +60,7 @@ class HolderTable:
         # id(holders) -> (holders, their references): the tuple kept alive. The lists are shared by the samples
         # of several intervals, so nothing may change them in place (`link_holders` makes new ones).
         self._lists: dict[int, tuple[tuple[Holder, ...], list[dict[str, int]]]] = {}
+        self._lists_json: dict[int, tuple[tuple[Holder, ...], str]] = {}  # the same lists in JSON
         # An empty table (the one a sealed batch leaves until the next opens) passes on what it was given.
         self._earlier: dict[tuple[Any, ...], tuple[dict[str, Any], str]] = (
             (previous.described or previous._earlier) if previous is not None else {}
@@ -113,6 +114,17 @@ class HolderTable:
             self._lists[id(holders)] = (holders, held)
         return held
 
+    def refs_json(self, holders: tuple[Holder, ...]) -> str:
+        """`refs(holders)` as a JSON array ("" when none is kept), made once per tuple while the table keeps it."""
+        seen = self._lists_json.get(id(holders))
+        if seen is not None and seen[0] is holders:
+            return seen[1]
+        held = self.refs(holders)
+        text = json.dumps(held, separators=(",", ":")) if held else ""
+        if id(holders) in self._lists:  # kept whole: the same tuple gives the same references
+            self._lists_json[id(holders)] = (holders, text)
+        return text
+
     def missing(self, interval: Interval) -> int:
         """How many descriptions `interval` would add (at most; exact once it could fill the table)."""
         listed = sum(len(r.holders) for r in interval.readings)
@@ -127,6 +139,7 @@ class HolderTable:
         self._ids = {key: number for key, number in self._ids.items() if number < count}
         self._objects = {k: seen for k, seen in self._objects.items() if seen[1] < count}
         self._lists.clear()
+        self._lists_json.clear()
         self.described = {key: wire for key, wire in self.described.items() if key in self._ids}
 
 
@@ -151,14 +164,8 @@ def _described(h: Holder) -> tuple[Any, ...]:
 def link_holders(intervals: list[dict[str, Any]], entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The batch's holders table from the descriptions its journal held, numbered from 0. References to a
     description that was lost (a torn journal line) are dropped from the samples, in place; the others follow."""
-    return _link(intervals, entries)[0]
-
-
-def _link(intervals: list[dict[str, Any]], entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
-    """`link_holders`, and whether it changed any sample."""
     numbers = {e["id"]: n for n, e in enumerate(entries)}
     renumber = any(old != new for old, new in numbers.items())
-    changed = False
     whole: set[int] = set()  # lists already found whole: the samples of a batch share them (`HolderTable.refs`)
     for interval in intervals:
         for sample in interval["samples"]:
@@ -168,13 +175,12 @@ def _link(intervals: list[dict[str, Any]], entries: list[dict[str, Any]]) -> tup
             if not (renumber or any(h["ref"] not in numbers for h in refs)):
                 whole.add(id(refs))
                 continue
-            changed = True
             kept = [{**h, "ref": numbers[h["ref"]]} for h in refs if h["ref"] in numbers]
             if kept:
                 sample["holders"] = kept
             else:
                 del sample["holders"]
-    return ([{**e, "id": n} for n, e in enumerate(entries)] if renumber else entries), changed
+    return [{**e, "id": n} for n, e in enumerate(entries)] if renumber else entries
 
 
 def build_batch(
@@ -228,9 +234,6 @@ class Batcher:
         self._intervals = 0
         self._events = 0
         self._holders = HolderTable()
-        # The JSON of each journaled interval's samples, in order: the sealed batch puts it in again rather
-        # than encoding the same samples a second time.
-        self._samples_json: list[str] = []
 
     def recover(self) -> SpooledBatch | None:
         """Seal what a previous run left in the journal (killed, or the host went down)."""
@@ -265,9 +268,9 @@ class Batcher:
             self._layout = key
         table = self._holders
         described = len(table)
-        record: dict[str, Any] = {"t": "interval", **interval.to_wire(table.refs)}
-        samples = json.dumps(record["samples"], separators=(",", ":"))
-        encoded = {"samples": samples}
+        # The journal keeps this batch's samples as their JSON (`_seal_records`, `live`): written once, here.
+        record: dict[str, Any] = {"t": "interval", **interval.to_record(table.refs_json)}
+        encoded = {"samples": record["samples"]}
         if len(table) > described:
             record["holders"] = table.entries[described:]
             encoded["holders"] = table.encode(described)
@@ -281,7 +284,6 @@ class Batcher:
         except OSError:
             table.forget_after(described)
             raise
-        self._samples_json.append(samples)
         self._intervals += 1
         if self._intervals >= self.batch_intervals:
             sealed += self._seal_open()
@@ -319,25 +321,19 @@ class Batcher:
 
     def _seal_open(self) -> list[SpooledBatch]:
         records = self.journal.records
-        live = any(r.get("t") in ("interval", "event") for r in records)
-        sealed = self._seal_records(records, self._holders, self._samples_json) if live else None
+        filled = any(r.get("t") in ("interval", "event") for r in records)
+        sealed = self._seal_records(records, self._holders) if filled else None
         self.journal.clear()
-        self._samples_json = []
         self._instance = None
         self._intervals = 0
         self._events = 0
         self._holders = HolderTable(self._holders)
         return [sealed] if sealed is not None else []
 
-    def _seal_records(
-        self,
-        records: list[dict[str, Any]],
-        table: HolderTable | None = None,
-        samples_json: list[str] | None = None,
-    ) -> SpooledBatch | None:
-        """The batch the journal's `records` make, into the spool. For the open batch (not a journal read back
-        from disk), `table` lends the JSON of its entries when the records' holders are exactly those entries,
-        and `samples_json` that of each interval's samples when nothing in them changed."""
+    def _seal_records(self, records: list[dict[str, Any]], table: HolderTable | None = None) -> SpooledBatch | None:
+        """The batch the journal's `records` make, into the spool. `table` is the open batch's (the records are
+        the ones `add` made, not a journal read back from disk): their samples are JSON already, their holder
+        references whole and numbered as the table, and the table lends the JSON of its entries."""
         head = next((r for r in records if r.get("t") == "head"), None)
         if head is None:
             log.warning("journal without a head record: %d records discarded", len(records))
@@ -357,7 +353,8 @@ class Batcher:
                 intervals.append({k: v for k, v in r.items() if k not in ("t", "errors", "holders")})
             elif kind == "event":
                 events.append(r["event"])
-        linked, changed = _link(intervals, holders)
+        # Only a journal read back from disk can have lost a description (a torn line) that samples refer to.
+        linked = holders if table is not None else link_holders(intervals, holders)
         dropped = self.spool.take_dropped()
         document = build_batch(
             batch_id=head["batch_id"],
@@ -371,10 +368,8 @@ class Batcher:
             holders=linked,
         )
         encoded: dict[str, str] = {}
-        if samples_json is not None and not changed and len(samples_json) == len(intervals):
-            encoded["intervals"] = (
-                "[" + ",".join(dumps(iv, {"samples": s}) for iv, s in zip(intervals, samples_json, strict=True)) + "]"
-            )
+        if table is not None:
+            encoded["intervals"] = "[" + ",".join(dumps(iv, {"samples": iv["samples"]}) for iv in intervals) + "]"
         held = document.get("holders")
         if (
             table is not None

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import partial
+from typing import Any
 
 from ..nvml import Nvml
 from .device import DeviceSource
@@ -126,34 +127,53 @@ class Collector:
         return [gpu for gpu in self.gpus if gpu.mig_pending is not None and not gpu.lost]
 
     def layout(self) -> tuple[GpuInfo, ...]:
-        return tuple(
-            GpuInfo(
-                uuid=gpu.uuid,
-                index=gpu.index,
-                name=gpu.name,
-                memory_total_mib=gpu.memory_total_mib,
-                mig_mode=gpu.mig_mode,
-                unpartitioned_slices=gpu.unpartitioned_slices if gpu.mig_mode else None,
-                util_unavailable_reason=gpu.lost or gpu.util_reason,
-                layout_complete=gpu.layout_complete or not gpu.mig_mode,
-                permission_denied=tuple(
-                    Denied(figure, call, grant) for figure, (call, grant) in sorted(gpu.denied.items())
-                ),
-                slices=tuple(
-                    SliceInfo(
-                        uuid=s.uuid,
-                        gpu_instance_id=s.gpu_instance_id,
-                        compute_instance_id=s.compute_instance_id,
-                        profile=s.profile,
-                        compute_slices=s.compute_slices,
-                        memory_total_mib=s.memory_total_mib,
-                        util_unavailable_reason=gpu.lost or s.util_reason,
-                    )
-                    for s in sorted(gpu.slices.values(), key=lambda s: (s.gpu_instance_id, s.compute_instance_id))
-                ),
-            )
-            for gpu in self.gpus
+        """Every GPU as the batch describes it. A GPU whose description did not change since the last interval
+        gives the same object again, so the batch tells an unchanged layout at a glance."""
+        return tuple(self._described(gpu) for gpu in self.gpus)
+
+    @staticmethod
+    def _described(gpu: GpuDevice) -> GpuInfo:
+        # What the description is made of. A slice is compared as the object (the same one while it lasts: its
+        # place and size never change) and its reason.
+        key = (
+            gpu.mig_mode,
+            gpu.unpartitioned_slices,
+            gpu.lost,
+            gpu.util_reason,
+            gpu.layout_complete,
+            tuple(gpu.denied.items()),
+            tuple([(s, s.util_reason) for s in gpu.slices.values()]),
         )
+        made: tuple[tuple[Any, ...], GpuInfo] | None = gpu.memo.get("described")
+        if made is not None and made[0] == key:
+            return made[1]
+        info = GpuInfo(
+            uuid=gpu.uuid,
+            index=gpu.index,
+            name=gpu.name,
+            memory_total_mib=gpu.memory_total_mib,
+            mig_mode=gpu.mig_mode,
+            unpartitioned_slices=gpu.unpartitioned_slices if gpu.mig_mode else None,
+            util_unavailable_reason=gpu.lost or gpu.util_reason,
+            layout_complete=gpu.layout_complete or not gpu.mig_mode,
+            permission_denied=tuple(
+                Denied(figure, call, grant) for figure, (call, grant) in sorted(gpu.denied.items())
+            ),
+            slices=tuple(
+                SliceInfo(
+                    uuid=s.uuid,
+                    gpu_instance_id=s.gpu_instance_id,
+                    compute_instance_id=s.compute_instance_id,
+                    profile=s.profile,
+                    compute_slices=s.compute_slices,
+                    memory_total_mib=s.memory_total_mib,
+                    util_unavailable_reason=gpu.lost or s.util_reason,
+                )
+                for s in sorted(gpu.slices.values(), key=lambda s: (s.gpu_instance_id, s.compute_instance_id))
+            ),
+        )
+        gpu.memo["described"] = (key, info)
+        return info
 
     def close(self) -> None:
         for source in self.sources:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -13,6 +14,9 @@ from .holders import Holder
 HolderRefs = Callable[[tuple[Holder, ...]], list[dict[str, int]]]
 """A sample's references to its holders in a batch's holders table (`batch.HolderTable.refs`): number and
 memory; a holder the batch can describe no more is left out."""
+
+HolderRefsJson = Callable[[tuple[Holder, ...]], str]
+"""The same references as one JSON array (`batch.HolderTable.refs_json`); "" when none is kept."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +133,29 @@ class Reading:
                 wire["holders"] = held
         return wire
 
+    def to_json(self, refs: HolderRefsJson | None = None) -> str:
+        """`to_wire` as compact JSON, the text `json.dumps(..., separators=(",", ":"))` writes for it, made
+        without the dictionary: a crowded host writes 64 samples every interval."""
+        parts = [_sample_head(self.uuid, self.util_source)]
+        for key, value in zip(_FIGURE_KEYS, _figures(self), strict=True):
+            if value is None:
+                continue
+            kind = type(value)
+            if kind is float:
+                text = repr(round(value, 2))
+                # repr spells the non-finite floats nan and inf; JSON as Python writes it, NaN and Infinity.
+                parts.append(key + (text if text[-1] not in "nf" else json.dumps(value)))
+            elif kind is int:
+                parts.append(key + str(value))
+            else:
+                parts.append(key + json.dumps(value))
+        if refs is not None and self.holders:
+            held = refs(self.holders)
+            if held:
+                parts.append(',"holders":' + held)
+        parts.append("}")
+        return "".join(parts)
+
 
 _READING_FIGURES = (
     "util",
@@ -143,6 +170,19 @@ _READING_FIGURES = (
     "procs_mem_mib",
 )
 _figures = attrgetter(*_READING_FIGURES)
+_FIGURE_KEYS = tuple(f',"{name}":' for name in _READING_FIGURES)
+_HEADS: dict[tuple[str, str], str] = {}
+_HEADS_KEPT = 4096
+
+
+def _sample_head(uuid: str, util_source: str) -> str:
+    """The start of a sample's JSON, up to its first figure: the same few devices and sources every interval."""
+    head = _HEADS.get((uuid, util_source))
+    if head is None:
+        if len(_HEADS) >= _HEADS_KEPT:
+            _HEADS.clear()
+        head = _HEADS[uuid, util_source] = f'{{"uuid":{json.dumps(uuid)},"util_source":{json.dumps(util_source)}'
+    return head
 
 
 @dataclass(slots=True)
@@ -160,6 +200,15 @@ class Interval:
             "start": self.start.isoformat().replace("+00:00", "Z"),
             "duration_s": round(self.duration_s, 3),
             "samples": [r.to_wire(refs) for r in self.readings],
+        }
+
+    def to_record(self, refs: HolderRefsJson | None = None) -> dict[str, Any]:
+        """`to_wire` with the samples already in JSON (`Reading.to_json`), as the batch's journal keeps them."""
+        samples = ",".join([r.to_json(refs) for r in self.readings])
+        return {
+            "start": self.start.isoformat().replace("+00:00", "Z"),
+            "duration_s": round(self.duration_s, 3),
+            "samples": f"[{samples}]",
         }
 
 

@@ -302,9 +302,14 @@ def test_a_device_s_unchanged_holders_share_one_list_of_references(tmp_path: Pat
     [doc] = sealed(b)
     assert [iv["samples"][0]["holders"] for iv in doc["intervals"]] == [[{"ref": 0, "used_mib": 1000}, {"ref": 1}]] * 3
     b.add(held(3, {"GPU-a": on_a}), INSTANCE, {})
+    table = b._holders
+    assert table.refs_json(on_a) is table.refs_json(on_a), "the references' JSON is made once per batch"
     b.add(held(4, {"GPU-a": on_a}), INSTANCE, {})
-    first, second = (r["samples"][0]["holders"] for r in b.journal.records if r["t"] == "interval")
-    assert first is second
+    b.flush()
+    later = sealed(b)[-1]
+    assert [iv["samples"][0]["holders"] for iv in later["intervals"]] == [
+        [{"ref": 0, "used_mib": 1000}, {"ref": 1}]
+    ] * 2
     b.journal.close()
 
 

@@ -50,3 +50,21 @@ def test_collect_before_start_is_a_programming_error(host: Callable[[str], Host]
     h = host("p5")
     with pytest.raises(RuntimeError):
         Collector(h.nvml).collect()
+
+
+def test_an_unchanged_gpu_is_described_by_the_same_object_and_a_changed_one_anew(
+    host: Callable[[str], Host],
+) -> None:
+    h = host("p4d-mig")
+    first = h.interval().gpus
+    second = h.interval().gpus
+    assert all(a is b for a, b in zip(first, second, strict=True)), "nothing changed: the same descriptions"
+    gpu = next(g for g in first if g.slices)
+    gi = gpu.slices[0].gpu_instance_id
+    h.lib.destroy_gpu_instance(gpu.index, gi)
+    third = h.interval().gpus
+    changed = next(g for g in third if g.uuid == gpu.uuid)
+    assert changed is not gpu
+    assert gi not in {s.gpu_instance_id for s in changed.slices}
+    assert changed.unpartitioned_slices is not None and changed.unpartitioned_slices > (gpu.unpartitioned_slices or 0)
+    assert all(a is b for a, b in zip(first, third, strict=True) if a.uuid != gpu.uuid)
