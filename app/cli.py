@@ -1,4 +1,4 @@
-"""`gpufleet`: serve, demo, migrate, token create/list/revoke, hash-password, maintain, prices, report.
+"""`gpufleet`: serve, demo, migrate, token create/list/revoke, hash-password, maintain, prices, report, billing import.
 
 Every failure ends in one readable line on stderr and a non-zero exit code, never a traceback.
 """
@@ -403,6 +403,33 @@ def cmd_report(args: argparse.Namespace) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+def _hours(value: float) -> str:
+    return f"{value:,.0f}" if value == round(value) else f"{value:,.2f}"
+
+
+def cmd_billing_import(args: argparse.Namespace) -> None:
+    from .billing.cur import CurError
+    from .billing.imports import ExportResult, import_source
+    from .billing.sources import SourceError
+
+    results: list[ExportResult] = []
+
+    def work(session: object) -> None:
+        try:
+            results.extend(import_source(session, args.source))  # type: ignore[arg-type]
+        except (CurError, SourceError) as exc:
+            _fail(str(exc))
+
+    # Printed once the transaction has committed: a line says what the database now holds.
+    _with_session(args, work)
+    for r in results:
+        export = f"{r.billing_period:%Y-%m} payer {r.payer_account}"
+        newest = f"newest hour {r.newest_hour:%Y-%m-%d %H:%M} UTC" if r.newest_hour else "no GPU instance-hours"
+        print(f"{export}: {_hours(r.instance_hours)} instance-hours, ${r.usd:,.2f}, {newest} ({r.status})")
+        for warning in r.warnings:
+            print(f"gpufleet: {export}: {warning}", file=sys.stderr)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .demo.fleet import DEFAULT_INSTANCES, STORIES
 
@@ -508,6 +535,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["table", "csv", "json"], default="table", help="output (default table)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds to wait for the server")
     p.set_defaults(func=cmd_report)
+
+    billing = sub.add_parser("billing", help="the AWS bill: Cost and Usage Report 2.0 exports (docs/billing.md)")
+    actions = billing.add_subparsers(dest="billing_command", required=True, metavar="ACTION")
+    p = actions.add_parser(
+        "import",
+        help="store what the bill says each GPU instance cost per hour",
+        description="Reads a CUR 2.0 export (AWS Data Exports: Parquet, hourly, with resource IDs) from a folder or "
+        "s3://BUCKET/PREFIX, keeps the EC2 instance-hours of GPU instance types and stores each one's effective "
+        "cost. The newest delivery of each month replaces the one before; an unchanged export changes nothing.",
+    )
+    db_args(p)
+    p.add_argument("source", metavar="SOURCE", help="folder, Parquet file, or s3://BUCKET/PREFIX of the export")
+    p.set_defaults(func=cmd_billing_import)
     return parser
 
 

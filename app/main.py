@@ -1,4 +1,4 @@
-"""The FastAPI application: routes, error handling, and the partition upkeep that runs beside them."""
+"""The FastAPI application: routes, error handling, and the partition upkeep and billing jobs that run beside them."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from . import __version__
 from .auth import SECURITY_SCHEMES
+from .billing.schedule import billing_jobs
 from .db import make_engine, make_sessionmaker
 from .failsafe import ErrorBoundary
 from .headers import SecurityHeaders
@@ -107,13 +108,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             metrics=metrics,
             outage=outage,
         )
-        task = asyncio.create_task(_upkeep_loop(engine, settings, metrics, outage))
+        tasks = [asyncio.create_task(_upkeep_loop(engine, settings, metrics, outage)), *billing_jobs(engine, settings)]
         try:
             yield
         finally:
-            task.cancel()
-            with suppress(asyncio.CancelledError):
-                await task
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with suppress(asyncio.CancelledError):
+                    await task
             engine.dispose()
 
     app = FastAPI(

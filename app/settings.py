@@ -118,6 +118,23 @@ class Settings(BaseSettings):
         default=24.0, gt=0, description="An instance offline this long is taken as terminated: no more offline hours."
     )
 
+    # Billing: docs/billing.md.
+    billing_source: str | None = Field(
+        default=None,
+        description="CUR 2.0 export the server imports on a schedule: a folder or s3://BUCKET/PREFIX; unset: none "
+        "(`gpufleet billing import` still works).",
+    )
+    billing_import_interval_s: float = Field(
+        default=21600.0, ge=60, description="How often the server imports GPUFLEET_BILLING_SOURCE, s."
+    )
+    spot_prices: Literal["on", "off"] = Field(
+        default="off",
+        description="on: read EC2 spot price history for the fleet's spot instances (AWS credentials needed).",
+    )
+    spot_prices_check_s: float = Field(
+        default=600.0, ge=10, description="How often the server looks for spot price history due a read, s."
+    )
+
     refresh_s: int = Field(default=30, ge=1, le=3600, description="How often dashboard pages refresh their figures, s.")
 
     # Access control: docs/security.md explains each.

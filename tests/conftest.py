@@ -29,7 +29,7 @@ from app.models import Base
 from app.settings import Settings
 from tests.feeding import Feeder
 
-pytest_plugins = ["tests.aws_server"]
+pytest_plugins = ["tests.aws_server", "tests.spot_history"]
 
 # In this order, which the servers the tests run take their locks in, so TRUNCATE does not deadlock with a request
 # still finishing; then any other table the models declare, so a new one is emptied without anyone listing it.
