@@ -123,7 +123,7 @@ class Unit:
     a GPU: 1, or compute slices / 7; None for a slice of unknown size)."""
 
     # A plain slotted class: a fleet builds thousands of units on every page view.
-    __slots__ = ("_device", "_figures", "gpu", "kind", "slice", "usd_per_gpu_hour", "weight")
+    __slots__ = ("_device", "_figures", "gpu", "kind", "slice", "sources", "usd_per_gpu_hour", "weight")
 
     def __init__(
         self,
@@ -144,10 +144,28 @@ class Unit:
         # A slice of unknown size: its own figures in hours of the device (weight 1, unpriced), for its seconds
         # and utilization; `figures` then holds only its unsized hours.
         self._device = device
+        self.sources: dict[str, float] | None = None
+        """USD per price source where the unit was priced from more than one (app/analyse/priced.py); None when
+        all of it is at its instance's price."""
 
     def figures(self) -> Figures:
         """What this unit adds to its groups and to the totals."""
         return self._figures
+
+    def usd_by_source(self) -> dict[str, float]:
+        """Its cost per price source (app/pricing: `Price.kind`), USD."""
+        if self.sources is not None:
+            return self.sources
+        kind = self.gpu.instance.price.kind
+        return {kind: self._figures.cost} if kind is not None and self._figures.cost else {}
+
+    def merge(self, other: Unit) -> None:
+        """Add `other`, the same unit over another part of the window, at that part's price."""
+        mine, theirs = self.usd_by_source(), other.usd_by_source()
+        self._figures.add(other._figures)
+        if self._device is not None and other._device is not None:
+            self._device.add(other._device)
+        self.sources = {k: mine.get(k, 0.0) + theirs.get(k, 0.0) for k in mine.keys() | theirs.keys()}
 
     @property
     def sized(self) -> bool:
@@ -199,12 +217,18 @@ class Unit:
         return (self._device or self._figures).avg_util
 
 
-def usage_figures(u: DeviceUsage | None, weight: float, rate: float | None, offline_s: float) -> Figures:
+def usage_figures(
+    u: DeviceUsage | None, weight: float, rate: float | None, offline_s: float, paid_offline: bool = False
+) -> Figures:
     """A device's usage as figures: covered seconds split into states (docs/waste.md, "States"), weighted by
-    its share of a GPU, and priced at `rate` USD per GPU-hour."""
+    its share of a GPU, and priced at `rate` USD per GPU-hour. `paid_offline`: the offline time is paid for
+    (capacity reserved whether it runs), so it costs `rate` too and counts as idle waste."""
     h = weight / 3600
     if u is None:
-        return Figures(offline_h=offline_s * h)
+        f = Figures(offline_h=offline_s * h)
+        if paid_offline and rate is not None:
+            f.cost = f.idle_cost = f.offline_h * rate
+        return f
     _id, covered, known, util_sum, below, free, no_proc = u
     gpu_hours = covered * h
     idle_held_h = max(0.0, below - free) * h
@@ -223,4 +247,7 @@ def usage_figures(u: DeviceUsage | None, weight: float, rate: float | None, offl
         f.idle_cost = idle_h * rate
         f.idle_held_cost = idle_held_h * rate
         f.unused_cost = max(0.0, known_h - sum_h / 100) * rate
+        if paid_offline:
+            f.cost += offline_h * rate
+            f.idle_cost += offline_h * rate
     return f

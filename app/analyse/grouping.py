@@ -4,9 +4,10 @@ pod, Slurm job: app/analyse/holders.py), and by combinations of them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..billing.prices import BILLED, SPOT_HISTORY
 from .figures import Figures, Unit
 from .fleet import InstanceInfo
 from .holder_groups import HeldValues, value_label
@@ -115,12 +116,38 @@ class GroupRow:
     gpus: set[int] = field(default_factory=set)
     prices: set[str] = field(default_factory=set)
     """Sources of the prices of this row's units."""
+    usd_by_source: dict[str, float] = field(default_factory=dict)
+    """The row's cost per kind of price source (`Price.kind`, "billed", "spot history"), USD."""
     parts: list[tuple[str, str]] = field(default_factory=list)
     """(key, label) per grouping, in the order asked for."""
 
     @property
     def sample(self) -> Unit:
         return self.units[0]
+
+    def add_sources(self, usd_by_source: Mapping[str, float], scale: float = 1.0) -> None:
+        for kind, usd in usd_by_source.items():
+            self.usd_by_source[kind] = self.usd_by_source.get(kind, 0.0) + usd * scale
+
+    @property
+    def source_shares(self) -> dict[str, float]:
+        """Each price source's share of the row's priced dollars, 0-1, largest first."""
+        total = sum(self.usd_by_source.values())
+        if total <= 0:
+            return {}
+        return {k: v / total for k, v in sorted(self.usd_by_source.items(), key=lambda kv: -kv[1]) if v > 0}
+
+
+PIECE_SOURCES = (BILLED, SPOT_HISTORY)
+
+
+def price_labels(unit: Unit) -> set[str]:
+    """The sources of a unit's prices as rows list them: the instance's own (as app/pricing words it) where some of
+    its cost is at that price or it has none, and "billed" or "spot history" where the bill or the history priced
+    some of it."""
+    own = unit.instance.price
+    labels = {kind if kind in PIECE_SOURCES else own.source for kind, usd in unit.usd_by_source().items() if usd}
+    return labels or {own.source}
 
 
 def group_rows(
@@ -161,7 +188,10 @@ def group_rows(
             row.figures.add(part.figures)
             row.units.append(unit)
             row.gpus.add(unit.gpu.pk)
-            row.prices.add(unit.instance.price.source)
+            row.prices |= price_labels(unit)
+            whole = unit.figures().cost
+            if whole:
+                row.add_sources(unit.usd_by_source(), part.figures.cost / whole)
     elif all(k is not None for k in instance_keys):
         for inst_row in by_instance.values():
             inst = inst_row.sample.instance
@@ -170,6 +200,7 @@ def group_rows(
             row.units.extend(inst_row.units)
             row.gpus |= inst_row.gpus
             row.prices |= inst_row.prices
+            row.add_sources(inst_row.usd_by_source)
     else:
         unit_keys = [_unit_level(n) for n in names]
         for unit in units:
@@ -177,7 +208,8 @@ def group_rows(
             row.figures.add(unit.figures())
             row.units.append(unit)
             row.gpus.add(unit.gpu.pk)
-            row.prices.add(unit.instance.price.source)
+            row.prices |= price_labels(unit)
+            row.add_sources(unit.usd_by_source())
     return sorted(rows.values(), key=lambda r: (-r.figures.waste, -r.figures.cost, r.label))
 
 
@@ -206,6 +238,12 @@ def _add_values(
         bases.setdefault(group, base)
         members.setdefault(group, []).append(inst_row)
     prices = {g: {p for m in rows for p in m.prices} for g, rows in members.items()}
+    sources: dict[str, GroupRow] = {}
+    for g, rows in members.items():
+        summed = sources[g] = GroupRow(g, g)
+        for m in rows:
+            summed.add_sources(m.usd_by_source)
+            summed.figures.add(m.figures)
     taken: dict[str, Figures] = {}
     for v in held.sums:
         found = bases.get(v.group)
@@ -220,6 +258,7 @@ def _add_values(
         if not row.units:
             row.units.append(members[v.group][0].sample)
         row.prices |= prices[v.group]
+        _share_sources(row, sources[v.group], figures.cost)
     for group, inst_rows in members.items():
         whole = Figures()
         for inst_row in inst_rows:
@@ -232,19 +271,39 @@ def _add_values(
                 row.units.extend(inst_row.units)
                 row.gpus |= inst_row.gpus
             row.prices |= prices[group]
+            _share_sources(row, sources[group], left.cost)
+
+
+def _share_sources(row: GroupRow, group: GroupRow, usd: float) -> None:
+    """Give `row` the price sources of its group of instances in proportion to its `usd` of the group's cost."""
+    if group.figures.cost:
+        row.add_sources(group.usd_by_source, usd / group.figures.cost)
 
 
 def per_instance(units: Iterable[Unit]) -> dict[int, GroupRow]:
     rows: dict[int, GroupRow] = {}
+    own: dict[int, float] = {}  # cost at the instance's own price, of units priced at nothing else (most)
     for unit in units:
         inst = unit.instance
         row = rows.get(inst.pk)
         if row is None:
             row = rows[inst.pk] = GroupRow(inst.instance_id, inst.name)
-            row.prices.add(inst.price.source)
+            own[inst.pk] = 0.0
         row.figures.add(unit.figures())
         row.units.append(unit)
         row.gpus.add(unit.gpu.pk)
+        if unit.sources is None:
+            own[inst.pk] += unit.figures().cost
+        else:
+            row.add_sources(unit.sources)
+            row.prices |= price_labels(unit)
+    for pk, row in rows.items():
+        price = row.sample.instance.price
+        if own[pk] and price.kind is not None:
+            row.add_sources({price.kind: own[pk]})
+            row.prices.add(price.source)
+        if not row.prices:
+            row.prices.add(price.source)
     return rows
 
 

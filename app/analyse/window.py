@@ -114,13 +114,18 @@ class RollupRead:
 
 
 def union_of_reads(
-    shape: tuple[tuple[str, int], ...], tables: tuple[str, str], keys: str, names: Sequence[str], where: str = ""
+    shape: tuple[tuple[str, int], ...],
+    tables: tuple[str, str],
+    keys: str,
+    names: Sequence[str],
+    where: str = "",
+    first: int = 0,
 ) -> str:
-    """The rows of the reads of `shape` ((table, sign) each, in order: parameters `t{i}a`, `t{i}b` bound them) as
-    one SELECT ... UNION ALL ...: from the daily or the hourly table of `tables`, their `keys` columns, then the
-    sums `names`, negated in a read taken away; `where` adds a condition to each."""
+    """The rows of the reads of `shape` ((table, sign) each, in order: parameters `t{i}a`, `t{i}b` bound them, i
+    counted from `first`) as one SELECT ... UNION ALL ...: from the daily or the hourly table of `tables`, their
+    `keys` columns, then the sums `names`, negated in a read taken away; `where` adds a condition to each."""
     parts = []
-    for i, (table, sign) in enumerate(shape):
+    for i, (table, sign) in enumerate(shape, start=first):
         time_col, name = ("day", tables[0]) if table == DAILY else ("hour", tables[1])
         cols = ", ".join(n if sign > 0 else f"-{n} AS {n}" for n in names)
         parts.append(

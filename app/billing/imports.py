@@ -20,6 +20,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from .cur import BilledHour, CurReader, Export
+from .prices import remake_billed_prices
 from .sources import CurFile, SourceError, cur_files
 from .tables import billed_hours, billing_exports
 
@@ -104,6 +105,8 @@ def import_files(session: Session, files: Sequence[CurFile]) -> list[ExportResul
                 warnings=tuple(billed.warnings.get(export, ())),
             )
         )
+    if any(r.status != "unchanged" for r in results):
+        remake_billed_prices(session)
     return sorted(results, key=lambda r: (r.billing_period, r.payer_account))
 
 

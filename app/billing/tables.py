@@ -74,6 +74,20 @@ billed_hours = Table(
     comment="What the bill says each GPU instance cost, per hour: the lines of one instance-hour summed.",
 )
 
+billed_prices = Table(
+    "billed_prices",
+    Base.metadata,
+    Column("instance_id", Text, nullable=False),
+    Column("starts", TZ, nullable=False),
+    Column("ends", TZ, nullable=False),
+    Column("usd_per_hour", Float, nullable=False, comment="What one instance-hour cost over [starts, ends), USD/h."),
+    Column("reservation_kind", Text, comment="Set when the instance ran in a capacity it pays for whether it runs."),
+    PrimaryKeyConstraint("instance_id", "starts", name="pk_billed_prices"),
+    Index("ix_billed_prices_ends", "ends"),
+    comment="billed_hours merged: each run of consecutive hours of one instance at the same price is one row, so "
+    "an analysis reads a few rows per instance, not one per hour. Remade from billed_hours on every import.",
+)
+
 spot_prices = Table(
     "spot_prices",
     Base.metadata,
@@ -99,4 +113,12 @@ spot_price_reads = Table(
     comment="How far the spot price history of each type and zone has been read.",
 )
 
-__all__ = ["PURCHASES", "RESERVATION_KINDS", "billed_hours", "billing_exports", "spot_price_reads", "spot_prices"]
+__all__ = [
+    "PURCHASES",
+    "RESERVATION_KINDS",
+    "billed_hours",
+    "billed_prices",
+    "billing_exports",
+    "spot_price_reads",
+    "spot_prices",
+]

@@ -22,6 +22,16 @@ class Price:
     source: str
 
     @property
+    def kind(self) -> str | None:
+        """Where the price came from, in one word of docs/billing.md's order: "agent", "price file" or
+        "catalog" (the bill and spot history price hours, app/billing/prices.py); None without a price."""
+        if self.usd_per_gpu_hour is None:
+            return None
+        if self.source == "agent":
+            return "agent"
+        return "price file" if self.source.startswith("config") else "catalog"
+
+    @property
     def known(self) -> bool:
         """Whether there is a price per GPU-hour."""
         return self.usd_per_gpu_hour is not None

@@ -22,6 +22,9 @@ from ..ingest.schemas import ErrorOut
 from ..openapi_params import FILTER_PARAMS, query_param, window_params
 from ..params import BadParameter, filters_of, parse_group_by, window_of
 from ..state import AppState, app_state
+from ..web.respond import view_json
+from ..web.views.billing import DEFAULT_WINDOW as BILLING_WINDOW
+from ..web.views.billing import BillingView, billing_view, csv_text
 from .schemas import ReportOut
 from .service import DEFAULT_WINDOW, FIGURE_COLUMNS, Report, build_report, check_retention
 
@@ -129,7 +132,9 @@ _EXAMPLE_FIGURES: dict[str, Any] = {
     "unsized_slice_hours": 0.0,
     "free_unknown_hours": 0.0,
     "currency": "USD",
-    "price_source": "catalog on-demand",
+    "price_source": "billed; catalog on-demand",
+    "price_source_shares": "billed 75%; catalog 25%",
+    "price_sources": {"billed": 0.75, "catalog": 0.25},
 }
 # One group, so the totals are that group's figures.
 _JSON_EXAMPLE = {
@@ -144,7 +149,10 @@ _JSON_EXAMPLE = {
 def _csv_example() -> str:
     header = ",".join(["start", "end", "instance_type", *FIGURE_COLUMNS])
     t = "2026-11-01T00:00:00+00:00,2026-11-08T00:00:00+00:00"
-    figures = "1344,31.25,0,520,96,728,0,0,3688.883856,1998.145422,263.491704,2536.107651,USD,catalog on-demand"
+    figures = (
+        "1344,31.25,0,520,96,728,0,0,3688.883856,1998.145422,263.491704,2536.107651,USD,"
+        "billed; catalog on-demand,billed 75%; catalog 25%"
+    )
     return f"{header}\n{t},p4d.24xlarge,{figures}\n{t},TOTAL,{figures}\n"
 
 
@@ -198,3 +206,60 @@ def report(request: Request, session: SessionDep, _reader: Annotated[Reader, Dep
         )
     body: dict[str, Any] = built.as_json()
     return JSONResponse(body)
+
+
+BILLING_PARAMETERS = [
+    *window_params("30 days"),
+    query_param(
+        "format",
+        "json or csv. Without it, an Accept header that prefers text/csv to application/json chooses CSV.",
+        "csv",
+    ),
+]
+_BILLING_CSV_EXAMPLE = (
+    "start,end,finding,instance_id,name,instance_type,availability_zone,usage_account,purchase,first_hour,last_hour,"
+    "billed_h,reported_h,difference_h,difference_pct,usd\n"
+    "2026-11-01T00:00:00+00:00,2026-11-24T15:04:05+00:00,unmonitored,i-0f3e2d1c0b9a87654,,p4d.24xlarge,us-east-1a,"
+    "123456789012,on-demand,2026-11-03T08:00:00+00:00,2026-11-23T22:00:00+00:00,495,,,,10869.032\n"
+    "2026-11-01T00:00:00+00:00,2026-11-24T15:04:05+00:00,hours differ,i-0a1b2c3d4e5f60718,train-7,g5.xlarge,,,,"
+    "2026-11-10T00:00:00+00:00,2026-11-23T22:00:00+00:00,335,201.5,-133.5,-39.850746,337.01\n"
+)
+BILLING_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "model": BillingView,
+        "description": "The billing page's figures: JSON as the page's own (`Accept: application/json` on /billing); "
+        "CSV: a header row, then one row per unmonitored instance and per instance whose hours disagree.",
+        "content": {"text/csv": {"schema": {"type": "string"}, "example": _BILLING_CSV_EXAMPLE}},
+    },
+    400: RESPONSES[400],
+    401: RESPONSES[401],
+    403: RESPONSES[403],
+}
+
+
+@router.get(
+    "/api/v1/billing",
+    summary="The bill against the agents",
+    response_model=None,
+    responses=BILLING_RESPONSES,
+    openapi_extra={**requires("read"), "parameters": BILLING_PARAMETERS},
+)
+def billing(request: Request, session: SessionDep, _reader: Annotated[Reader, Depends(report_reader)]) -> Response:
+    """GPU instances the AWS bill charges for that no agent reports, monitored instances whose billed and reported
+    instance-hours disagree, the imported exports and the spot price history read, over a window (default: the last
+    30 days). Needs a bearer token with the `read` (or `admin`) scope, or a dashboard login."""
+    state = app_state(request)
+    try:
+        fmt = _format(request)
+        window = window_of(request.query_params, now=datetime.now(UTC), default=BILLING_WINDOW)
+    except BadParameter as err:
+        raise ApiError(400, "bad billing parameter", [FieldProblem(err.param, err.message)]) from None
+    view = billing_view(session, window, settings=state.settings)
+    if fmt == "csv":
+        name = f"gpufleet-billing-{window.start:%Y%m%d}.csv"
+        return Response(
+            csv_text(view),
+            media_type="text/csv; charset=utf-8",
+            headers={"Content-Disposition": f'attachment; filename="{name}"'},
+        )
+    return Response(view_json(view), media_type="application/json")

@@ -39,6 +39,13 @@ class FiguresOut(BaseModel):
     )
     currency: str = Field(description="Always USD.")
     price_source: str = Field(description="Where the prices came from, sources joined by '; '.")
+    price_source_shares: str = Field(
+        description="Each kind of price source with its share of the cost, largest first, e.g. 'billed 80%; catalog "
+        "20%' (kinds: billed, spot history, agent, price file, catalog; docs/billing.md)."
+    )
+    price_sources: dict[str, float] = Field(
+        description="The same shares as numbers, 0-1, by kind of price source; empty when nothing is priced."
+    )
 
 
 class ReportRowOut(FiguresOut):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -42,6 +42,7 @@ FIGURE_COLUMNS = (
     "unused_cost",
     "currency",
     "price_source",
+    "price_source_shares",
 )
 
 
@@ -69,7 +70,7 @@ def _round(value: float | None, digits: int = 6) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def figures_dict(f: Figures, prices: set[str]) -> dict[str, Any]:
+def figures_dict(f: Figures, prices: set[str], shares: Mapping[str, float] | None = None) -> dict[str, Any]:
     """One row's figures: hours in GPU-hours, utilization in %, money in USD (priced GPU-hours only). A row of
     nothing but MIG capacity of unknown size (a slice the agent could not size, or the free capacity of a GPU
     whose layout it could not read) has null GPU-hours and money: unknown, not 0."""
@@ -96,6 +97,8 @@ def figures_dict(f: Figures, prices: set[str]) -> dict[str, Any]:
         "free_unknown_hours": _round(f.free_unknown_h),
         "currency": CURRENCY,
         "price_source": "; ".join(sorted(prices)),
+        "price_source_shares": "; ".join(f"{k} {v:.0%}" for k, v in (shares or {}).items()),
+        "price_sources": {k: round(v, 4) for k, v in (shares or {}).items()},
     }
 
 
@@ -118,6 +121,14 @@ class Report:
     def price_sources(self) -> set[str]:
         return {p for r in self.rows for p in r.prices}
 
+    @property
+    def source_shares(self) -> dict[str, float]:
+        """Each price source's share of the whole fleet's priced dollars, 0-1."""
+        whole = GroupRow("", "")
+        for r in self.analysis.by_instance.values():
+            whole.add_sources(r.usd_by_source)
+        return whole.source_shares
+
     def group_values(self, row: GroupRow) -> list[str]:
         """The row's value for each grouping, in the order asked for."""
         unit = row.sample
@@ -130,10 +141,10 @@ class Report:
             "group_by": self.group_by,
             "rows": [
                 {"group": dict(zip(self.group_by, self.group_values(r), strict=True))}
-                | figures_dict(r.figures, r.prices)
+                | figures_dict(r.figures, r.prices, r.source_shares)
                 for r in self.rows
             ],
-            "totals": figures_dict(self.analysis.totals, self.price_sources),
+            "totals": figures_dict(self.analysis.totals, self.price_sources, self.source_shares),
         }
 
     def csv_chunks(self, chunk_chars: int = CSV_CHUNK_CHARS) -> Iterator[str]:
@@ -145,14 +156,14 @@ class Report:
         start = self.window.start.isoformat()
         end = self.end.isoformat()
         for r in self.rows:
-            values = figures_dict(r.figures, r.prices)
+            values = figures_dict(r.figures, r.prices, r.source_shares)
             labels = (_text_cell(v) for v in self.group_values(r))
             out.writerow([start, end, *labels, *(_cell(values[c]) for c in FIGURE_COLUMNS)])
             if buf.tell() >= chunk_chars:
                 yield buf.getvalue()
                 buf.seek(0)
                 buf.truncate()
-        totals = figures_dict(self.analysis.totals, self.price_sources)
+        totals = figures_dict(self.analysis.totals, self.price_sources, self.source_shares)
         blanks = [""] * (len(self.group_by) - 1)
         out.writerow([start, end, "TOTAL", *blanks, *(_cell(totals[c]) for c in FIGURE_COLUMNS)])
         yield buf.getvalue()

@@ -21,6 +21,8 @@ from ..state import app_state
 from .access import page_reader
 from .errors import wants_json
 from .respond import Chrome, bad_parameter, page_openapi, respond
+from .views.billing import DEFAULT_WINDOW as BILLING_WINDOW
+from .views.billing import BillingView, build_billing
 from .views.heatmap import HeatmapView, build_heatmap
 from .views.idle import IdleView, build_idle
 from .views.inputs import PageInputs
@@ -147,4 +149,24 @@ def instance_page(request: Request, session: SessionDep, instance_id: str) -> Re
     """One instance: identity, figures, every GPU and slice now, and charts of all of them over the window."""
     return _serve(
         request, session, page="instances", template="instance.html", build=lambda p: build_instance(p, instance_id)
+    )
+
+
+@router.get(
+    "/billing",
+    **page_openapi(
+        BillingView, summary="The bill against the agents", filters=False, table=False, default_window="30 days"
+    ),
+)
+def billing_page(request: Request, session: SessionDep) -> Response:
+    """GPU instances the AWS bill charges for that no agent reports, monitored instances whose billed and reported
+    instance-hours disagree, the imported exports and the spot price history read."""
+    settings = app_state(request).settings
+    return _serve(
+        request,
+        session,
+        page="billing",
+        template="billing.html",
+        build=lambda p: build_billing(p, settings),
+        default_window=BILLING_WINDOW,
     )

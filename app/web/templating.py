@@ -69,6 +69,7 @@ NAV = (
     NavItem("waste", "/waste", "Waste"),
     NavItem("heatmap", "/heatmap", "Heatmaps"),
     NavItem("instances", "/instances", "Instances"),
+    NavItem("billing", "/billing", "Billing"),
 )
 
 WINDOWS = (("1h", "1 h"), ("6h", "6 h"), ("24h", "24 h"), ("7d", "7 d"), ("30d", "30 d"))

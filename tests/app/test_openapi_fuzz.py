@@ -81,11 +81,12 @@ ROUTES = (
     Route("GET", "/readyz", None, 5),
     Route("POST", INGEST, "ingest", 100, takes_input=True),
     Route("GET", "/api/v1/report", "read", 60, takes_input=True),
+    Route("GET", "/api/v1/billing", "read", 20, takes_input=True),
     Route("GET", "/metrics", "read", 20),
     # The dashboard's pages: HTML by default, their view model as JSON when asked (app/web/respond.py).
     *(
         Route("GET", path, "read", 3, takes_input=True)
-        for path in ("/", "/gpus/idle", "/mig", "/waste", "/heatmap", "/heatmap/week", "/instances")
+        for path in ("/", "/gpus/idle", "/mig", "/waste", "/heatmap", "/heatmap/week", "/instances", "/billing")
     ),
     Route("GET", "/instances/{instance_id}", "read", 3, takes_input=True),
 )

@@ -24,6 +24,7 @@ LIBRARIES = frozenset(
         "harness",
         "ingest_clients",
         "instances",
+        "metered_agent",  # the agent under bench/agent.py's measure, started by it
         "storage",
     }
 )

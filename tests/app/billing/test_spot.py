@@ -14,18 +14,8 @@ from sqlalchemy import Engine, event, insert, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.billing import spot
-from app.billing.spot import (
-    BACKOFF_MAX,
-    HourlyPrice,
-    PriceSegment,
-    SpotPool,
-    backoff,
-    ec2_clients,
-    hourly_spot_prices,
-    prices_from_answer,
-    refresh_spot_prices,
-    spot_price_segments,
-)
+from app.billing.spot import BACKOFF_MAX, SpotPool, backoff, ec2_clients, prices_from_answer, refresh_spot_prices
+from app.billing.spot_history import HourlyPrice, PriceSegment, hourly_spot_prices, spot_price_segments
 from app.billing.tables import spot_price_reads, spot_prices
 from app.models import Instance
 

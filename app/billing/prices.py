@@ -1,0 +1,138 @@
+"""What each instance cost hour by hour, where the bill or the spot price history knows it (docs/billing.md, "How
+each price is chosen"): the billed price first, then, for a spot instance, the spot price of its pool. Hours that
+neither covers keep the instance's own price (agent, price file, catalog: app/pricing).
+
+Prices come as pieces: stretches of whole UTC hours at one price per instance-hour, so the analysis reads the
+rollups once per stretch rather than once per hour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from .spot import SpotPool
+from .spot_history import HourlyPrice, hourly_spot_prices
+
+BILLED = "billed"
+SPOT_HISTORY = "spot history"
+HOUR = timedelta(hours=1)
+
+MERGE_SQL = """
+INSERT INTO billed_prices (instance_id, starts, ends, usd_per_hour, reservation_kind)
+SELECT instance_id, min(hour), max(hour) + interval '1 hour', min(rate), nullif(min(reservation_kind), '')
+FROM (
+    SELECT instance_id, hour, rate, reservation_kind,
+           hour - interval '1 hour' * row_number() OVER (
+               PARTITION BY instance_id, rate, reservation_kind ORDER BY hour) AS run
+    FROM (SELECT instance_id, hour, round(CAST(usd / usage_h AS numeric), 6) AS rate,
+                 coalesce(reservation_kind, '') AS reservation_kind
+          FROM billed_hours WHERE usage_h > 0) h
+) r
+GROUP BY instance_id, rate, reservation_kind, run
+"""
+"""Runs of consecutive hours of one instance at one price (to the millionth of a dollar) and reservation."""
+
+
+def remake_billed_prices(session: Session) -> None:
+    """billed_prices from billed_hours, in the caller's transaction (after an import changed billed_hours)."""
+    session.execute(text("DELETE FROM billed_prices"))
+    session.execute(text(MERGE_SQL))
+
+
+@dataclass(frozen=True, slots=True)
+class PricePiece:
+    """[start, end) on UTC hours at `usd_per_hour` for the whole instance, USD/h, from `source` (BILLED or
+    SPOT_HISTORY). `paid_offline`: the instance runs in capacity paid whether it runs (a Capacity Block or a
+    Capacity Reservation), so its offline hours in the piece cost money too."""
+
+    start: datetime
+    end: datetime
+    usd_per_hour: float
+    source: str
+    paid_offline: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PricedInstance:
+    """What `price_pieces` needs of an instance."""
+
+    pk: int
+    instance_id: str
+    lifecycle: str | None
+    instance_type: str | None
+    availability_zone: str | None
+
+
+def price_pieces(
+    session: Session, instances: Iterable[PricedInstance], start: datetime, end: datetime
+) -> dict[int, list[PricePiece]]:
+    """Per instance (by pk), its pieces within [start, end) in time order: billed ones, then spot history for the
+    hours of a spot instance the bill does not cover. Instances with none are left out."""
+    wanted = list(instances)
+    if not wanted or end <= start:
+        return {}
+    by_id = {i.instance_id: i for i in wanted}
+    out: dict[int, list[PricePiece]] = {}
+    rows = session.execute(
+        text(
+            "SELECT instance_id, starts, ends, usd_per_hour, reservation_kind FROM billed_prices "
+            "WHERE instance_id = ANY(CAST(:ids AS text[])) AND ends > :a AND starts < :b ORDER BY instance_id, starts"
+        ),
+        {"ids": list(by_id), "a": start, "b": end},
+    ).all()
+    for instance_id, starts, ends, usd, kind in rows:
+        pieces = out.setdefault(by_id[instance_id].pk, [])
+        piece = PricePiece(max(starts, start), min(ends, end), float(usd), BILLED, kind is not None)
+        last = pieces[-1] if pieces else None
+        if last is not None and last.paid_offline and piece.paid_offline and last.end < piece.start:
+            # Between two hours in paid capacity the instance was not billed (its agent stopped, or it did):
+            # the capacity was paid all the same, at the price of the hour before.
+            pieces.append(PricePiece(last.end, piece.start, last.usd_per_hour, BILLED, True))
+        pieces.append(piece)
+    spot = {
+        i.pk: (i.instance_type, i.availability_zone)
+        for i in wanted
+        if i.lifecycle == "spot" and i.instance_type and i.availability_zone
+    }
+    hourly = hourly_spot_prices(session, set(spot.values()), start, end) if spot else {}
+    for pk, pool in spot.items():
+        billed = out.get(pk, [])
+        added = [cut for p in _runs(hourly.get(SpotPool(*pool), []), start, end) for cut in _minus(p, billed)]
+        if added:
+            out[pk] = sorted([*billed, *added], key=lambda p: p.start)
+    return out
+
+
+def _runs(hours: Iterable[HourlyPrice], start: datetime, end: datetime) -> list[PricePiece]:
+    """Hourly spot prices as pieces: consecutive hours at the same price merged."""
+    pieces: list[PricePiece] = []
+    for h in hours:
+        hour, usd = h.hour, h.usd_per_hour
+        if hour < start or hour >= end:
+            continue
+        last = pieces[-1] if pieces else None
+        if last is not None and last.end == hour and abs(last.usd_per_hour - usd) < 1e-9:
+            pieces[-1] = PricePiece(last.start, hour + HOUR, usd, SPOT_HISTORY)
+        else:
+            pieces.append(PricePiece(hour, hour + HOUR, usd, SPOT_HISTORY))
+    return pieces
+
+
+def _minus(piece: PricePiece, billed: list[PricePiece]) -> list[PricePiece]:
+    """What of `piece` no billed piece covers (billed pieces are in time order and do not overlap)."""
+    left: list[PricePiece] = []
+    at = piece.start
+    for b in billed:
+        if b.end <= at or b.start >= piece.end:
+            continue
+        if b.start > at:
+            left.append(PricePiece(at, b.start, piece.usd_per_hour, piece.source))
+        at = max(at, b.end)
+    if at < piece.end:
+        left.append(PricePiece(at, piece.end, piece.usd_per_hour, piece.source))
+    return left
