@@ -10,8 +10,9 @@ its own price over the window.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from ..billing.prices import PricedInstance, PricePiece, price_pieces
@@ -22,6 +23,12 @@ from .usage import DeviceUsage, usage_of_spans
 from .window import Window
 
 _NOISE = 1e-6  # seconds: what subtracting sums of floats leaves of nothing
+
+
+def billed_until(session: Session) -> datetime | None:
+    """End of the newest hour of any imported bill; None before any import."""
+    newest = session.execute(text("SELECT max(newest_hour) FROM billing_exports")).scalar()
+    return None if newest is None else newest + timedelta(hours=1)
 
 
 def instance_pieces(session: Session, fleet: Fleet, window: Window) -> dict[int, list[PricePiece]]:

@@ -19,7 +19,7 @@ from .fleet import Fleet
 from .grouping import GroupRow, by_value, group_rows, instance_group, per_instance, summarise
 from .holder_groups import HeldValues, held_values
 from .holders import Part, held_usage, holder_columns, split_units
-from .priced import instance_pieces, priced_units
+from .priced import billed_until, instance_pieces, priced_units
 from .states import Thresholds
 from .usage import hourly_split, window_usage
 from .window import Window
@@ -41,6 +41,16 @@ class WasteAnalysis:
     values: HeldValues | None = None
     """What each value of a grouping by holder held per group of instances: the building block of that grouping
     alone or with groupings by something of the instance (grouping.by_value); None when not asked for."""
+    billed_until: datetime | None = None
+    """The imported bill covers time up to here (end of its newest hour); None before any import."""
+
+    @property
+    def source_shares(self) -> dict[str, float]:
+        """Each kind of price source's share of the whole cost, 0-1, largest first."""
+        whole = GroupRow("", "")
+        for row in self.by_instance.values():
+            whole.add_sources(row.usd_by_source)
+        return whole.source_shares
 
     def group(self, by: str) -> list[GroupRow]:
         """Rows per group, largest waste first; KeyError for an unknown group-by name."""
@@ -121,4 +131,5 @@ def analyse_waste(
         by_instance=instances,
         parts=parts,
         values=values,
+        billed_until=billed_until(session),
     )

@@ -141,6 +141,7 @@ _JSON_EXAMPLE = {
     "start": "2026-11-01T00:00:00+00:00",
     "end": "2026-11-08T00:00:00+00:00",
     "group_by": ["instance_type"],
+    "billed_until": "2026-11-07T00:00:00+00:00",
     "rows": [{"group": {"instance_type": "p4d.24xlarge"}, **_EXAMPLE_FIGURES}],
     "totals": _EXAMPLE_FIGURES,
 }

@@ -58,5 +58,9 @@ class ReportOut(BaseModel):
     start: datetime = Field(description="Start of the window, on a UTC hour.")
     end: datetime = Field(description="End of the window, or now when the window reaches the present.")
     group_by: list[str] = Field(description="The groupings, in the order asked for.")
+    billed_until: datetime | None = Field(
+        description="The imported AWS bill covers time up to here; later hours are priced from spot history or "
+        "the instance's own price (docs/billing.md). Null before any import."
+    )
     rows: list[ReportRowOut] = Field(description="One row per group, the largest waste first.")
     totals: FiguresOut

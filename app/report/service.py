@@ -124,10 +124,7 @@ class Report:
     @property
     def source_shares(self) -> dict[str, float]:
         """Each price source's share of the whole fleet's priced dollars, 0-1."""
-        whole = GroupRow("", "")
-        for r in self.analysis.by_instance.values():
-            whole.add_sources(r.usd_by_source)
-        return whole.source_shares
+        return self.analysis.source_shares
 
     def group_values(self, row: GroupRow) -> list[str]:
         """The row's value for each grouping, in the order asked for."""
@@ -139,6 +136,7 @@ class Report:
             "start": self.window.start.isoformat(),
             "end": self.end.isoformat(),
             "group_by": self.group_by,
+            "billed_until": None if self.analysis.billed_until is None else self.analysis.billed_until.isoformat(),
             "rows": [
                 {"group": dict(zip(self.group_by, self.group_values(r), strict=True))}
                 | figures_dict(r.figures, r.prices, r.source_shares)

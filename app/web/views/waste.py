@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from ...analyse.fleet import Fleet
@@ -66,6 +67,10 @@ class WasteView:
     rows: list[WasteRow]
     pager: PagerView
     sorting: Sorting
+    price_sources: dict[str, float]
+    """Each kind of price source's share of the cost, 0-1, largest first (docs/billing.md)."""
+    billed_until: datetime | None
+    """The imported bill covers time up to here; None before any import."""
 
 
 _COLUMNS: dict[str, Callable[[GroupRow], Any]] = {
@@ -120,4 +125,6 @@ def build_waste(p: PageInputs) -> WasteView:
         rows=[_row(r, analysis) for r in shown],
         pager=pager,
         sorting=Sorting(sort, q.dir),
+        price_sources=analysis.source_shares,
+        billed_until=analysis.billed_until,
     )

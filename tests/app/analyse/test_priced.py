@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -14,7 +14,7 @@ from sqlalchemy import insert
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.billing.prices import remake_billed_prices
-from app.billing.tables import billed_hours, spot_prices
+from app.billing.tables import billed_hours, billing_exports, spot_prices
 from app.db import session_scope
 from tests.app.analyse.conftest import Analyst, Feeder, busy, idle
 from tests.conftest import make_token
@@ -73,6 +73,18 @@ def fleet(feeder: Feeder, sessions: sessionmaker[Session]) -> dict[str, float]:
     with session_scope(sessions) as s:
         bill(s, P4D, "p4d.24xlarge", {t0: 24.0, t0 + H: 24.0, t0 + 2 * H: 16.0, t0 + 3 * H: 16.0}, None)
         bill(s, BLOCK, "p5.48xlarge", {t0: P5_HOUR, t0 + 3 * H: P5_HOUR}, "capacity block")
+        s.execute(
+            insert(billing_exports).values(
+                payer_account="123456789012",
+                billing_period=t0.date().replace(day=1),
+                files=[],
+                digest="",
+                lines=6,
+                instance_hours=6.0,
+                usd=2 * 24 + 2 * 16 + 2 * P5_HOUR,
+                newest_hour=t0 + 3 * H,
+            )
+        )
         remake_billed_prices(s)
         s.execute(
             insert(spot_prices),
@@ -147,4 +159,9 @@ def test_report_json_csv_and_waste_page_give_the_same_dollars(
     assert r.status_code == 200, r.text
     page = r.json()
     assert page["totals"]["cost"] == pytest.approx(cost, abs=1e-5)
+    assert page["price_sources"].keys() == {"billed", "spot history"}
+    billed_until = t0 + 4 * H  # the block's last billed hour ends there
+    assert datetime.fromisoformat(page["billed_until"]) == datetime.fromisoformat(body["billed_until"]) == billed_until
+    html = client.get("/waste", params=span, headers=headers).text
+    assert "The bill is imported up to" in html and "spot history" in html
     assert page["totals"]["waste"] == pytest.approx(waste, abs=1e-5)
