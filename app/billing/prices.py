@@ -102,7 +102,12 @@ def price_pieces(
     hourly = hourly_spot_prices(session, set(spot.values()), start, end) if spot else {}
     for pk, pool in spot.items():
         billed = out.get(pk, [])
-        added = [cut for p in _runs(hourly.get(SpotPool(*pool), []), start, end) for cut in _minus(p, billed)]
+        runs = _runs(hourly.get(SpotPool(*pool), []), start, end)
+        if runs and runs[-1].end < end:
+            # The pool is read hourly: until the next read, its last price is the one in force.
+            last = runs[-1]
+            runs[-1] = PricePiece(last.start, end, last.usd_per_hour, SPOT_HISTORY)
+        added = [cut for p in runs for cut in _minus(p, billed)]
         if added:
             out[pk] = sorted([*billed, *added], key=lambda p: p.start)
     return out

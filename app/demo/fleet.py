@@ -1,4 +1,5 @@
-"""The demo's fleet: which simulated instances exist, what each runs, and when the spot ones are away.
+"""The demo's fleet: which simulated instances exist, what each runs, and when the spot ones (and the one in a
+Capacity Block) are away.
 
 Every instance is a scenario of the agent's fake NVML (`agent/fake_nvml/`) with a seed of its own, plus the
 EC2 identity its simulated instance metadata gives. The first instances tell the stories the product exists
@@ -35,6 +36,9 @@ class Story:
     legend: str | None = None
     page: str | None = None
     """Where the story shows; `{instance_id}` stands for the story's own instance."""
+    capacity_block: bool = False
+    """It lives in a Capacity Block for ML (`DemoFleet.block`): launched when the block starts, ended when it
+    ends."""
 
 
 # The stories, in the order they are told. Each fake NVML scenario matches its instance type.
@@ -109,6 +113,19 @@ STORIES: tuple[Story, ...] = (
     ),
     Story("g5-batch", "g5.12xlarge", "us-west-2", "spot", "vision", "vision-batch-spot", "research"),
     Story("g5-batch", "g5.12xlarge", "eu-west-1", "spot", "speech", "speech-batch-spot", "research"),
+    Story(
+        "p5-train",
+        "p5.48xlarge",
+        "us-east-1",
+        "on-demand",
+        "ml-research",
+        "llm-finetune-block",
+        "research",
+        "a p5.48xlarge of team ml-research ran 4 days in a Capacity Block for ML and was stopped 7 h of them: "
+        "the block is paid whether it runs, so its offline hours cost money, as idle waste",
+        "/instances/{instance_id}",
+        capacity_block=True,
+    ),
 )
 
 # Background instances, taken in turn once the stories are placed.
@@ -126,9 +143,20 @@ STORIES_DIGEST = hashlib.blake2b(repr((STORIES, BACKGROUND)).encode(), digest_si
 MAX_INSTANCES = 500
 
 _ZONES = "abcd"
+BLOCK_DAYS = 4
+"""The Capacity Block's length. Blocks start and end at 11:30 UTC and last whole days."""
+BLOCK_START_S = 11 * HOUR + 30 * 60
+BLOCK_BEFORE_DAYS = 6
+"""The block starts this many days before the epoch's day: it has ended, and the bill (a day behind) has all of
+it, so its upfront fee is spread over all its hours (docs/billing.md)."""
+BLOCK_DOWN = (DAY + 2 * HOUR + 40 * 60, 7 * HOUR)
+"""When in the block its instance is stopped (s from the block's start) and for how long: 14:10 to 21:10 UTC of
+its second day."""
+_FOREVER = 1 << 40
+"""UTC epoch s far past any demo: the end of "away" once an instance has ended."""
 
 
-def _digest(*parts: object) -> int:
+def digest(*parts: object) -> int:
     """64 bits that depend only on `parts`: the same in every process and run."""
     text = "/".join(map(str, ("gpufleet-demo", *parts)))
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
@@ -182,21 +210,47 @@ class SimInstance:
 
 
 @dataclass(frozen=True)
+class Block:
+    """A Capacity Block for ML, UTC epoch s: reserved over [start, end), with its instance stopped over `down`."""
+
+    start: int
+    end: int
+    down: tuple[int, int]
+
+    def away(self) -> list[tuple[int, int]]:
+        """When its instance does not run: before the block, while stopped, and once the block has ended."""
+        return [(0, self.start), self.down, (self.end, _FOREVER)]
+
+
+@dataclass(frozen=True)
 class DemoFleet:
     seed: int
     epoch: int
     """UTC epoch seconds the stories are told from (the first start of the demo, on the 5-minute grid)."""
     instances: tuple[SimInstance, ...]
 
+    def block(self, inst: SimInstance) -> Block | None:
+        """The Capacity Block `inst` lives in, if its story has one: BLOCK_DAYS long, from 11:30 UTC
+        BLOCK_BEFORE_DAYS before the epoch's day."""
+        if not inst.story.capacity_block:
+            return None
+        start = (self.epoch // DAY - BLOCK_BEFORE_DAYS) * DAY + BLOCK_START_S
+        down = start + BLOCK_DOWN[0]
+        return Block(start, start + BLOCK_DAYS * DAY, (down, down + BLOCK_DOWN[1]))
+
     def offline(self, inst: SimInstance, t0: float, t1: float) -> list[tuple[int, int]]:
-        """The spans (UTC epoch s) in which a spot instance is away that overlap [t0, t1): 35 % of 12-hour blocks
-        hold one, of 1 to 5 hours, on the 5-minute grid. On-demand instances are never away."""
+        """The spans (UTC epoch s) in which an instance is away that overlap [t0, t1). A spot instance: 35 % of
+        12-hour blocks hold one, of 1 to 5 hours, on the 5-minute grid. A Capacity Block's instance: all but the
+        block, and its stop inside it (`Block.away`). Other on-demand instances are never away."""
+        reserved = self.block(inst)
+        if reserved is not None:
+            return [(a, b) for a, b in reserved.away() if a < t1 and b > t0]
         if not inst.spot:
             return []
         block_s = 12 * HOUR
         out: list[tuple[int, int]] = []
         for block in range(int(t0) // block_s - 1, int(t1) // block_s + 1):
-            h = _digest(self.seed, inst.key, "gap", block)
+            h = digest(self.seed, inst.key, "gap", block)
             if h % 100 >= 35:
                 continue
             a = block * block_s + (h >> 8) % (block_s // GRID_S) * GRID_S
@@ -216,7 +270,7 @@ def make_fleet(instances: int, *, seed: int, epoch: int) -> DemoFleet:
     made: list[SimInstance] = []
     for key in range(instances):
         story = STORIES[key] if key < len(STORIES) else BACKGROUND[(key - len(STORIES)) % len(BACKGROUND)]
-        h = _digest(seed, key)
+        h = digest(seed, key)
         suffix = "" if key < len(STORIES) + len(BACKGROUND) else f"-{(key - len(STORIES)) // len(BACKGROUND) + 1}"
         octets = (key // 250, key % 250 + 10)
         domain = "ec2.internal" if story.region == "us-east-1" else f"{story.region}.compute.internal"

@@ -129,6 +129,9 @@ class Host:
     def __init__(self, fleet: DemoFleet, inst: SimInstance, interval_s: int, book: HolderBook | None = None) -> None:
         self.inst = inst
         self.interval_s = interval_s
+        block = fleet.block(inst)
+        self.launched = None if block is None else float(block.start)
+        """When the instance was launched, UTC epoch s, if not before the history (a Capacity Block's)."""
         self.book = HolderBook() if book is None else book
         self.instance_pk: int | None = None
         self._clock = _SimClock(float(fleet.epoch))
@@ -272,10 +275,12 @@ def _utc(t: float) -> datetime:
 
 
 def register(sessions: sessionmaker[Session], hosts: Iterable[Host], *, first: float) -> None:
-    """Make (or find) every instance, GPU and slice, as each agent's first batch would, and plan the rows."""
+    """Make (or find) every instance, GPU and slice, as each agent's first batch would, and plan the rows. They
+    are first seen at `first` (UTC epoch s), or when launched if later."""
     with session_scope(sessions) as session:
         for host in hosts:
-            result = upsert_inventory(session, host.batch(), first=_utc(first), last=_utc(first))
+            at = _utc(max(first, host.launched or first))
+            result = upsert_inventory(session, host.batch(), first=at, last=at)
             host.register(result.device_ids, result.instance_pk)
 
 

@@ -37,7 +37,7 @@ from ..models import ApiToken
 from ..settings import Settings
 from ..store.bulk import quiet_bulk_loads
 from ..store.partitions import upkeep
-from . import history
+from . import billing, history
 from .agents import LiveAgents
 from .fleet import DAY, DEFAULT_INSTANCES, DEFAULT_SEED, GRID_S, STORIES, STORIES_DIGEST, DemoFleet, make_fleet
 from .imds import MetadataServer
@@ -229,6 +229,14 @@ def _choose_fleet(options: DemoOptions, url: str, sessions: sessionmaker[Session
     return fleet, True
 
 
+def _top_up_since(fleet: DemoFleet, starts: dict[str, float]) -> float:
+    """Where a top-up starts: the oldest newest data of the instances still running. One that has ended (the
+    Capacity Block's) has nothing to top up."""
+    ended = {i.instance_id: block.end for i in fleet.instances if (block := fleet.block(i)) is not None}
+    going = [t for iid, t in starts.items() if t < ended.get(iid, float("inf"))]
+    return min(going or starts.values())
+
+
 def check_options(options: DemoOptions) -> None:
     if options.instances is not None:
         try:
@@ -251,7 +259,9 @@ def run_demo(
         engine = make_engine(url, pool_size=2)
         quiet_bulk_loads(engine)
         try:
-            _run(options, settings.model_copy(update={"database_url": url}), sock, engine)
+            # The demo's bill and spot prices are its own (app/demo/billing.py): none read from AWS beside them.
+            update = {"database_url": url, "billing_source": None, "spot_prices": "off"}
+            _run(options, settings.model_copy(update=update), sock, engine)
         finally:
             # A second Ctrl-C must not cut the way out short: PostgreSQL has to be stopped.
             signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -287,8 +297,9 @@ def _run(options: DemoOptions, settings: Settings, sock: socket.socket, engine: 
         write_state(options.folder, fleet)
         say(f"{DAYS} days of history: {written.rows:,} samples written in {took:.1f} s")
     else:
-        since = datetime.fromtimestamp(min(starts.values()), UTC)
+        since = datetime.fromtimestamp(_top_up_since(fleet, starts), UTC)
         say(f"topped up from {since:%Y-%m-%d %H:%M} UTC to now: {written.rows:,} samples in {took:.1f} s")
+    shipped = billing.ship_billing(sessions, fleet, options.folder, begin=begin, now=time.time())
 
     token_file = options.folder / TOKEN_FILE
     agent_token(sessions, token_file)
@@ -323,18 +334,20 @@ def _run(options: DemoOptions, settings: Settings, sock: socket.socket, engine: 
             mem_held_mib=settings.mem_held_mib,
         )
         agents.sync(time.time())
-        _legend(fleet, agents, options.interval_s, url)
+        spot_reads = billing.SpotReads(sessions, time.time())
+        _legend(fleet, agents, options.interval_s, url, shipped)
         say(f"open {url}  (Ctrl-C stops the agents, the server and PostgreSQL)")
         while True:
             time.sleep(2.0)
             agents.sync(time.time())
+            spot_reads.tick(time.time())
     finally:
         agents.stop()
         server.stop()
         metadata.stop()
 
 
-def _legend(fleet: DemoFleet, agents: LiveAgents, interval_s: int, url: str) -> None:
+def _legend(fleet: DemoFleet, agents: LiveAgents, interval_s: int, url: str, shipped: billing.Shipped) -> None:
     say(
         f"{agents.running} agents post every {interval_s} s through the ingest API with their signed instance "
         "identity: the real gpufleet-agent, on simulated NVML and instance metadata"
@@ -357,3 +370,10 @@ def _legend(fleet: DemoFleet, agents: LiveAgents, interval_s: int, url: str) -> 
     )
     say(f"the same as a report: curl '{url}api/v1/report?window=7d&group_by=user'")
     say(f"every page also answers JSON: curl -H 'Accept: application/json' {url}gpus/idle")
+    say(shipped.summary(url))
+    print(
+        f"  the bill is a simulated CUR 2.0 export (in {shipped.root}), a day behind as AWS's; the spot hours it has "
+        f"not reached are priced from a simulated EC2 spot price history of {shipped.pools} pools (no AWS is asked)",
+        flush=True,
+    )
+    say(f"what each instance cost and from which prices: curl '{url}api/v1/report?window=30d&group_by=instance'")

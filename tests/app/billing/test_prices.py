@@ -9,7 +9,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from app.billing.prices import BILLED, SPOT_HISTORY, PricedInstance, PricePiece, price_pieces, remake_billed_prices
-from app.billing.tables import billed_hours, billed_prices, spot_prices
+from app.billing.tables import billed_hours, billed_prices, spot_price_reads, spot_prices
 
 T0 = datetime(2026, 11, 2, tzinfo=UTC)
 H = timedelta(hours=1)
@@ -77,3 +77,14 @@ def test_capacity_paid_between_two_billed_hours_is_one_piece_paid_offline(sessio
 
 def test_an_on_demand_instance_without_a_bill_has_no_pieces(session: Session) -> None:
     assert price_pieces(session, [BLOCK], T0, T0 + H) == {}
+
+
+def test_the_last_spot_price_read_holds_until_the_next_read(session: Session) -> None:
+    session.execute(
+        insert(spot_prices).values(instance_type="g5.xlarge", availability_zone="us-east-1b", ts=T0, usd_per_hour=0.4)
+    )
+    session.execute(
+        insert(spot_price_reads).values(instance_type="g5.xlarge", availability_zone="us-east-1b", read_until=T0 + H)
+    )
+    pieces = price_pieces(session, [SPOT], T0, T0 + 3 * H)[SPOT.pk]
+    assert pieces == [PricePiece(T0, T0 + 3 * H, 0.4, SPOT_HISTORY)]

@@ -55,7 +55,7 @@ def test_the_demo_tells_its_stories_live_and_stops_everything(tmp_path: Path) ->
         assert "g5.xlarge" in g5 and "team=vision" in g5
 
         overview = text_of(get(url))
-        assert re.search(r"Instances 13 ", overview), overview[:400]
+        assert re.search(r"Instances 14 ", overview), overview[:400]
         assert "ml-research" in overview and "inference" in overview
         # Over time: the p4d pair of ml-research wastes most at night and at weekends; every page answers JSON.
         assert "heatmap/week?tag=team:ml-research" in demo.output
@@ -75,6 +75,21 @@ def test_the_demo_tells_its_stories_live_and_stops_everything(tmp_path: Path) ->
         [page] = re.findall(r"what to grant: /(instances/i-0[0-9a-f]+)", demo.output)
         locked = text_of(get(url + page))
         assert "a100-mig-locked-down" in locked and "MIG monitor capability" in locked
+
+        # The bill: spot instances are priced from it, then from the spot history, never from the catalog; the
+        # Capacity Block's instance pays for its offline hours; one instance of the bill has no agent.
+        billed = re.search(
+            r"billing: imported .* unmonitored \(no agent\): (i-0[0-9a-f]+) \(p4d\.24xlarge\)", demo.output
+        )
+        assert billed, demo.output
+        spot = json.loads(get(url + "api/v1/report?window=30d&group_by=instance&lifecycle=spot"))
+        assert len(spot["rows"]) == 3
+        assert all(set(r["price_sources"]) == {"billed", "spot history"} for r in spot["rows"]), spot["rows"]
+        [block_page] = re.findall(r"as idle waste: /instances/(i-0[0-9a-f]+)", demo.output)
+        every = json.loads(get(url + "api/v1/report?window=30d&group_by=instance"))
+        [block] = [r for r in every["rows"] if r["group"]["instance"] == block_page]
+        assert block["price_sources"] == {"billed": 1.0} and block["idle_cost"] > 7 * 31
+        assert billed.group(1) not in {r["group"]["instance"] for r in every["rows"]}
 
         # One live interval: the simulated agents post through the ingest API.
         while samples_accepted(url) == 0:

@@ -60,6 +60,8 @@ def test_only_spot_instances_go_away_on_the_grid_for_one_to_five_hours() -> None
     t0, t1 = EPOCH - 14 * DAY, EPOCH
     for inst in fleet.instances:
         spans = fleet.offline(inst, t0, t1)
+        if inst.story.capacity_block:
+            continue
         if not inst.spot:
             assert spans == []
             continue
@@ -81,3 +83,25 @@ def test_identity_carries_the_team_tag_and_lifecycle() -> None:
     assert g5["tags"] == {"Name": "vision-finetune-dev", "team": "vision", "env": "dev"}
     assert wire["embeddings-spot"]["lifecycle"] == "spot"
     assert str(g5["availability_zone"]).startswith("us-west-2")
+
+
+def test_the_capacity_block_instance_runs_only_in_its_block_less_its_stop() -> None:
+    fleet = make_fleet(len(STORIES), seed=1, epoch=EPOCH)
+    [inst] = [i for i in fleet.instances if i.story.capacity_block]
+    block = fleet.block(inst)
+    assert block is not None and all(fleet.block(i) is None for i in fleet.instances if i is not inst)
+    # Blocks start and end at 11:30 UTC and last whole days; this one has ended over a day before the epoch.
+    assert block.start % DAY == block.end % DAY == 11 * HOUR + 1800
+    assert block.end - block.start == 4 * DAY and block.end < EPOCH - DAY
+    a, b = block.down
+    assert block.start < a < b < block.end and b - a == 7 * HOUR
+    assert a % GRID_S == 0 and a % HOUR != 0, "stopped mid-hour: its bill has a part hour on each side"
+    assert [
+        t for t in (block.start - 1, block.start, a - 1, a, b, block.end - 1, block.end) if fleet.online(inst, t)
+    ] == [
+        block.start,
+        a - 1,
+        b,
+        block.end - 1,
+    ]
+    assert not inst.spot and inst.identity().lifecycle == "on-demand"

@@ -43,9 +43,9 @@ def test_a_taken_port_is_reported_before_anything_starts() -> None:
 
 def test_the_folder_remembers_its_fleet(tmp_path: Path) -> None:
     assert run.read_state(tmp_path) is None
-    fleet = make_fleet(9, seed=4, epoch=1_768_402_800)
+    fleet = make_fleet(10, seed=4, epoch=1_768_402_800)
     run.write_state(tmp_path, fleet)
-    assert run.read_state(tmp_path) == {"instances": 9, "seed": 4, "epoch": 1_768_402_800}
+    assert run.read_state(tmp_path) == {"instances": 10, "seed": 4, "epoch": 1_768_402_800}
     state = json.loads((tmp_path / run.STATE_FILE).read_text())
     assert state["stories"] == STORIES_DIGEST
     (tmp_path / run.STATE_FILE).write_text(json.dumps({**state, "stories": "older"}))
@@ -55,7 +55,7 @@ def test_the_folder_remembers_its_fleet(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--instances", "3"], "gpufleet: the demo fleet has 9 to 500 instances, not 3\n"),
+        (["--instances", "3"], "gpufleet: the demo fleet has 10 to 500 instances, not 3\n"),
         (["--interval-s", "7"], "gpufleet: --interval-s must be one of 5, 10, 15, 20, 30, 60\n"),
         (["--port", "0"], "gpufleet: bad setting GPUFLEET_PORT: Input should be greater than or equal to 1\n"),
     ],

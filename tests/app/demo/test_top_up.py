@@ -31,7 +31,8 @@ def test_a_top_up_carries_on_where_each_instance_stopped(module_sessions: sessio
         mem_held_mib=256,
     )
     seen = history.last_seen(module_sessions)
-    on_demand = [i for i in fleet.instances if not i.spot]
+    # The Capacity Block's instance ended days before: it has nothing to top up.
+    on_demand = [i for i in fleet.instances if not i.spot and fleet.block(i) is None]
     assert all(seen[i.instance_id] == stopped for i in on_demand)
 
     history.write_history(module_sessions, fleet, hosts, starts=seen, end=epoch + 600, fine_s=FINE_S, mem_held_mib=256)
