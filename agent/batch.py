@@ -6,9 +6,10 @@ must name a device of that batch's layout), when an urgent event such as a spot 
 arrives, and when the agent stops.
 
 Holders (who runs on each device) are described once per batch, in its `holders` table, and referred to by
-number from each sample. The journal carries each description in the record of the interval that first had
-it, so a torn record loses its references and its descriptions together, and sealing the same journal twice
-gives the same table.
+number from each sample; a holder that runs on keeps its number from batch to batch where it can, so its
+description and the references to it are made once, not once per batch (`HolderTable`). The journal carries
+each description in the record of the interval that first had it in the batch, so a torn record loses its
+references and its descriptions together, and sealing the same journal twice gives the same table.
 """
 
 from __future__ import annotations
@@ -38,13 +39,29 @@ def layout_key(gpus: tuple[GpuInfo, ...]) -> tuple[Any, ...]:
     return tuple((g.uuid, g.mig_mode, tuple(s.uuid for s in g.slices)) for g in gpus)
 
 
-class HolderTable:
-    """A batch's holders: each described once, numbered from 0 in order of first appearance. `truncated`
-    counts references refused because the table was full.
+_Made = tuple[tuple[Any, ...], dict[str, Any], str, dict[str, Any], str]
+"""A description: what tells the holder apart, its entry, the entry's JSON, and both without the number."""
+_Listed = tuple[tuple[Holder, ...], list[dict[str, int]], tuple[int, ...]]
+"""A device's holders listed whole: the tuple, its references, and the holders' numbers."""
+_Carried = tuple[
+    dict[int, tuple[Holder, int, tuple[Any, ...]]],
+    dict[tuple[Any, ...], int],
+    dict[int, _Made],
+    dict[int, _Listed],
+    dict[int, tuple[tuple[Holder, ...], str, list[dict[str, int]]]],
+]
+_NOTHING: _Carried = ({}, {}, {}, {}, {})
 
-    Cheap for the processes that run on: a holder object already referred to costs a dictionary look-up, a
-    device's holders tuple already referred to in this batch gives the same list of references again, and a
-    description the previous batch's table made (`previous`) is reused rather than made again."""
+
+class HolderTable:
+    """A batch's holders: each described once, under a number unique within the batch (0 to MAX_HOLDERS - 1).
+    `truncated` counts references refused because the table was full.
+
+    Cheap for the processes that run on: a holder object already referred to costs a dictionary look-up, and a
+    device's holders tuple already referred to in this batch gives the same list of references again. A holder
+    the previous batch's table (`previous`) described keeps its number where it is free here, and with it that
+    table's description and JSON; a tuple whose holders all kept their numbers keeps its references and their
+    JSON. New holders take numbers neither table used, so those that run on can keep theirs."""
 
     def __init__(self, previous: HolderTable | None = None) -> None:
         self.entries: list[dict[str, Any]] = []
@@ -52,48 +69,99 @@ class HolderTable:
         """Each entry as JSON (`spool.dumps`), so what the journal and the sealed batch carry again and again is
         encoded once per process."""
         self.truncated = 0
-        self.described: dict[tuple[Any, ...], tuple[dict[str, Any], str]] = {}
-        """This table's descriptions, without their numbers, and their JSON members, by what tells holders
-        apart."""
-        self._ids: dict[tuple[Any, ...], int] = {}
-        self._objects: dict[int, tuple[Holder, int]] = {}  # id(holder) -> (holder, number), the holder kept alive
-        # id(holders) -> (holders, their references): the tuple kept alive. The lists are shared by the samples
-        # of several intervals, so nothing may change them in place (`link_holders` makes new ones).
-        self._lists: dict[int, tuple[tuple[Holder, ...], list[dict[str, int]]]] = {}
-        self._lists_json: dict[int, tuple[tuple[Holder, ...], str]] = {}  # the same lists in JSON
-        # An empty table (the one a sealed batch leaves until the next opens) passes on what it was given.
-        self._earlier: dict[tuple[Any, ...], tuple[dict[str, Any], str]] = (
-            (previous.described or previous._earlier) if previous is not None else {}
+        self._ids: dict[tuple[Any, ...], int] = {}  # what tells holders apart -> number
+        self._made: dict[int, _Made] = {}  # number -> its description
+        # id(holder) -> (holder, number, what tells it apart), the holder kept alive
+        self._objects: dict[int, tuple[Holder, int, tuple[Any, ...]]] = {}
+        # id(holders) -> (holders, their references, the numbers): the tuple kept alive. The lists are shared by
+        # the samples of several intervals and batches, so nothing may change them in place.
+        self._lists: dict[int, _Listed] = {}
+        self._lists_json: dict[int, tuple[tuple[Holder, ...], str, list[dict[str, int]]]] = {}  # the lists in JSON
+        self._next = 0  # numbers below it are this table's or the previous one's
+        self._spare = 0  # when those run out: numbers below it are this table's
+        # What the previous table made, without the table, so no chain of tables stays alive. An empty table (the
+        # one a sealed batch leaves until the next opens) passes on what it was given.
+        self._before: _Carried = (
+            _NOTHING if previous is None else previous._before if not previous._made else previous._carried()
         )
 
     def __len__(self) -> int:
         return len(self.entries)
+
+    def _carried(self) -> _Carried:
+        return (self._objects, self._ids, self._made, self._lists, self._lists_json)
 
     def ref(self, holder: Holder) -> int | None:
         """`holder`'s number, described now if it is new; None when the table is full."""
         seen = self._objects.get(id(holder))
         if seen is not None and seen[0] is holder:
             return seen[1]
-        key = _described(holder)
-        number = self._ids.get(key)
+        before = self._before[0].get(id(holder))
+        if before is not None and before[0] is holder:
+            key = before[2]
+            # Its number free here means its description is not here yet: that would hold the number, or one given
+            # once the number was taken.
+            number = self._take(key, before[1]) if before[1] not in self._made else self._ids.get(key)
+        else:
+            key = _described(holder)
+            number = self._ids.get(key)
         if number is None:
-            if len(self.entries) >= MAX_HOLDERS:
+            number = self._describe(key, holder)
+            if number is None:
                 self.truncated += 1
                 return None
-            number = len(self.entries)
-            self._ids[key] = number
-            made = self._earlier.get(key)
-            if made is None:
-                wire = holder.to_wire()
-                made = (wire, dumps(wire)[1:])  # "pid" always leads, so the members follow the id's
-            self.described[key] = made
-            self.entries.append({"id": number, **made[0]})
-            self.encoded.append(f'{{"id":{number},{made[1]}')
-        self._objects[id(holder)] = (holder, number)
+        self._objects[id(holder)] = (holder, number, key)
+        return number
+
+    def _describe(self, key: tuple[Any, ...], holder: Holder) -> int | None:
+        """A number for the holder `key` tells apart, its description made or taken from the previous table."""
+        made_before = self._before[2]
+        number = self._before[1].get(key)
+        if number is not None and number not in self._made:
+            return self._take(key, number)
+        if len(self.entries) >= MAX_HOLDERS:
+            return None
+        earlier = made_before.get(number) if number is not None else None
+        number = self._free()
+        if earlier is not None:  # described there under a number taken here since
+            wire, members = earlier[3], earlier[4]
+        else:
+            wire = holder.to_wire()
+            members = dumps(wire)[1:]  # "pid" always leads, so the members follow the id's
+        self._add((key, {"id": number, **wire}, f'{{"id":{number},{members}', wire, members), number)
+        return number
+
+    def _take(self, key: tuple[Any, ...], number: int) -> int | None:
+        """The previous table's description of `key` under its `number` there, free here."""
+        if len(self.entries) >= MAX_HOLDERS:
+            return None
+        self._add(self._before[2][number], number)
+        return number
+
+    def _add(self, made: _Made, number: int) -> None:
+        self._ids[made[0]] = number
+        self._made[number] = made
+        self.entries.append(made[1])
+        self.encoded.append(made[2])
+
+    def _free(self) -> int:
+        """A number this table has not given, one the previous table did not give either while there is one."""
+        mine, theirs = self._made, self._before[2]
+        number = self._next
+        while number < MAX_HOLDERS and (number in mine or number in theirs):
+            number += 1
+        if number < MAX_HOLDERS:
+            self._next = number + 1
+            return number
+        self._next = MAX_HOLDERS
+        number = self._spare
+        while number in mine:
+            number += 1
+        self._spare = number + 1
         return number
 
     def encode(self, start: int = 0) -> str:
-        """The entries from number `start` on as a JSON array, as `spool.dumps` writes it."""
+        """The entries from the `start`th on as a JSON array, as `spool.dumps` writes it."""
         return "[" + ",".join(self.encoded[start:]) + "]"
 
     def refs(self, holders: tuple[Holder, ...]) -> list[dict[str, int]]:
@@ -102,27 +170,51 @@ class HolderTable:
         seen = self._lists.get(id(holders))
         if seen is not None and seen[0] is holders:
             return seen[1]
-        held: list[dict[str, int]] = []
-        complete = True
-        for holder in holders:
-            number = self.ref(holder)
-            if number is None:
-                complete = False  # not kept: each sample counts what it leaves out
-                continue
-            held.append({"ref": number} if holder.used_mib is None else {"ref": number, "used_mib": holder.used_mib})
-        if complete:
-            self._lists[id(holders)] = (holders, held)
+        before = self._before[3].get(id(holders))
+        if before is not None and before[0] is holders and self._carry(before):
+            self._lists[id(holders)] = before
+            return before[1]
+        found = [self.ref(holder) for holder in holders]
+        numbers = tuple([n for n in found if n is not None])  # not kept: each sample counts what it leaves out
+        if before is not None and before[0] is holders and before[2] == numbers:
+            held = before[1]
+        else:
+            held = [
+                {"ref": n} if h.used_mib is None else {"ref": n, "used_mib": h.used_mib}
+                for h, n in zip(holders, found, strict=True)
+                if n is not None
+            ]
+        if len(numbers) == len(holders):
+            self._lists[id(holders)] = (holders, held, numbers)
         return held
 
+    def _carry(self, listed: _Listed) -> bool:
+        """Whether the holders of a tuple the previous table listed whole could all keep their numbers here; if so
+        they are described here under them. The common case, at the start of every batch, in one pass."""
+        numbers = listed[2]
+        # None of the numbers given here means none of the holders described here yet (see `ref`).
+        if not self._made.keys().isdisjoint(numbers) or len(self.entries) + len(numbers) > MAX_HOLDERS:
+            return False
+        made_before, objects = self._before[2], self._objects
+        for holder, number in zip(listed[0], numbers, strict=True):
+            made = made_before[number]
+            self._add(made, number)
+            objects[id(holder)] = (holder, number, made[0])
+        return True
+
     def refs_json(self, holders: tuple[Holder, ...]) -> str:
-        """`refs(holders)` as a JSON array ("" when none is kept), made once per tuple while the table keeps it."""
+        """`refs(holders)` as a JSON array ("" when none is kept), made once per list of references."""
         seen = self._lists_json.get(id(holders))
         if seen is not None and seen[0] is holders:
             return seen[1]
         held = self.refs(holders)
-        text = json.dumps(held, separators=(",", ":")) if held else ""
+        before = self._before[4].get(id(holders))
+        if before is not None and before[0] is holders and before[2] is held:
+            text = before[1]
+        else:
+            text = json.dumps(held, separators=(",", ":")) if held else ""
         if id(holders) in self._lists:  # kept whole: the same tuple gives the same references
-            self._lists_json[id(holders)] = (holders, text)
+            self._lists_json[id(holders)] = (holders, text, held)
         return text
 
     def missing(self, interval: Interval) -> int:
@@ -133,14 +225,15 @@ class HolderTable:
         return len({_described(h) for r in interval.readings for h in r.holders} - self._ids.keys())
 
     def forget_after(self, count: int) -> None:
-        """Drop the descriptions from number `count` on (the journal record that held them was not written)."""
+        """Drop the descriptions from the `count`th on (the journal record that held them was not written)."""
+        for entry in self.entries[count:]:
+            del self._ids[self._made.pop(entry["id"])[0]]
         del self.entries[count:]
         del self.encoded[count:]
-        self._ids = {key: number for key, number in self._ids.items() if number < count}
-        self._objects = {k: seen for k, seen in self._objects.items() if seen[1] < count}
+        self._objects = {k: seen for k, seen in self._objects.items() if seen[2] in self._ids}
         self._lists.clear()
         self._lists_json.clear()
-        self.described = {key: wire for key, wire in self.described.items() if key in self._ids}
+        self._spare = 0  # the numbers dropped are free again, below the cursors
 
 
 def _described(h: Holder) -> tuple[Any, ...]:
@@ -162,25 +255,24 @@ def _described(h: Holder) -> tuple[Any, ...]:
 
 
 def link_holders(intervals: list[dict[str, Any]], entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The batch's holders table from the descriptions its journal held, numbered from 0. References to a
-    description that was lost (a torn journal line) are dropped from the samples, in place; the others follow."""
-    numbers = {e["id"]: n for n, e in enumerate(entries)}
-    renumber = any(old != new for old, new in numbers.items())
-    whole: set[int] = set()  # lists already found whole: the samples of a batch share them (`HolderTable.refs`)
+    """The batch's holders table from the descriptions its journal held, under the numbers the live table gave
+    them, so sealing on recovery gives the batch that sealing live would have. References to a description that
+    was lost (a torn journal line) are dropped from the samples, in place. Of two descriptions under one number (a
+    line that reached the disk though its write failed, whose numbers were given again) the later stands."""
+    last = {e["id"]: n for n, e in enumerate(entries)}
+    if len(last) < len(entries):
+        entries = [e for n, e in enumerate(entries) if last[e["id"]] == n]
     for interval in intervals:
         for sample in interval["samples"]:
             refs = sample.get("holders")
-            if refs is None or id(refs) in whole:
+            if refs is None or all(h["ref"] in last for h in refs):
                 continue
-            if not (renumber or any(h["ref"] not in numbers for h in refs)):
-                whole.add(id(refs))
-                continue
-            kept = [{**h, "ref": numbers[h["ref"]]} for h in refs if h["ref"] in numbers]
+            kept = [h for h in refs if h["ref"] in last]
             if kept:
                 sample["holders"] = kept
             else:
                 del sample["holders"]
-    return [{**e, "id": n} for n, e in enumerate(entries)] if renumber else entries
+    return entries
 
 
 def build_batch(

@@ -14,7 +14,7 @@ import operator
 from typing import Any
 
 from ..nvml import Absent, Nvml
-from .holders import SAMPLE_HOLDERS, Holder, HolderReader
+from .holders import SAMPLE_HOLDERS, Holder, HolderReader, Vouched
 from .model import Reading
 from .privilege import DEVICE_ACCESS, MIG_MONITOR
 from .processes import ProcessReader, ProcessRecord
@@ -121,15 +121,11 @@ class DeviceSource:
         if self.holders is None or not procs:
             memo.pop("holders", None)
             return ()
-        last: tuple[list[ProcessRecord], tuple[Holder, ...]] | None = memo.get("holders")
-        # The same records as last interval (the process reader gives an unchanged record as the same object),
-        # all of them described and none due for a check: the same holders, without sorting or looking up.
-        if (
-            last is not None
-            and len(last[1]) == len(procs) == len(last[0])
-            and all(map(operator.is_, last[0], procs))
-            and self.holders.keep(last[1])
-        ):
+        last: tuple[list[ProcessRecord], tuple[Holder, ...], Vouched | None] | None = memo.get("holders")
+        # The same records as last interval (the process reader gives an unchanged record as the same object, which
+        # the comparison finds at once), all of them described and none due for a check: the same holders, without
+        # sorting or looking up.
+        if last is not None and last[2] is not None and last[0] == procs and self.holders.keep(last[2]):
             return last[1]
         # Sorted before reading /proc, so a crowded device costs reads of the kept processes only.
         ordered = sorted(procs, key=_by_memory)
@@ -144,7 +140,8 @@ class DeviceSource:
         held = tuple(found)
         if last is not None and len(last[1]) == len(held) and all(map(operator.is_, last[1], held)):
             held = last[1]
-        memo["holders"] = (procs, held)
+        # Kept next time only if every process listed was described: one that exited is read again.
+        memo["holders"] = (procs, held, self.holders.vouch(held) if len(held) == len(procs) else None)
         return held
 
     @staticmethod

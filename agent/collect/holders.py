@@ -17,6 +17,8 @@ Pod namespace and name come without a Kubernetes client, from the folders kubele
 
 from __future__ import annotations
 
+import math
+import operator
 import os
 import pwd
 import re
@@ -175,6 +177,19 @@ def passwd_name(uid: int) -> str | None:
         return None
 
 
+class Vouched:
+    """Holders a device listed, their pids, the earliest time one of them is due for a check, and the reader's
+    count of changes to what it knows when they were last found to be what it knows (`HolderReader.vouch`)."""
+
+    __slots__ = ("changes", "due", "holders", "pids")
+
+    def __init__(self, holders: tuple[Holder, ...], due: float, changes: int) -> None:
+        self.holders = holders
+        self.pids = tuple([h.pid for h in holders])
+        self.due = due
+        self.changes = changes
+
+
 class _Gone(Exception):
     """The process exited while its files were being read."""
 
@@ -210,46 +225,62 @@ class HolderReader:
         self._users: dict[int, str | None] = {}
         self._hz = os.sysconf("SC_CLK_TCK")
         self._boot: int | None = None
-        # pid -> (start time in ticks, the holder as last read, when the start time is next to be checked)
-        self._known: dict[int, tuple[int, Holder, float]] = {}
+        self._known: dict[int, Holder] = {}  # pid -> the holder as last read
+        self._checks: dict[int, tuple[int, float]] = {}  # the same pids -> (start time in ticks, when next checked)
+        self._changes = 0  # holders in `_known` replaced or dropped so far
         self._seen: set[int] = set()
         self._pods: dict[str, tuple[str, str]] | None = None
 
     def begin_interval(self) -> None:
         """Forgets processes not read since the last call and the pod folder listing."""
         for pid in self._known.keys() - self._seen:
-            del self._known[pid]
+            del self._known[pid], self._checks[pid]
+            self._changes += 1
         self._seen.clear()
         self._pods = None
         self._now = self._clock()
 
-    def keep(self, holders: tuple[Holder, ...]) -> bool:
-        """Whether `holders`, read in the previous interval, are still what `read` would give for their pids and
-        memory now, with no start time due for a check; if so they count as read in this interval."""
-        known, now = self._known, self._now
+    def vouch(self, holders: tuple[Holder, ...]) -> Vouched | None:
+        """What `keep` needs to pass `holders`, just read, in a later interval; None when it could not: one is not
+        the holder last read for its pid, or its pod is not named yet (kubelet may write the pod's folder later)."""
+        known, checks = self._known, self._checks
+        due = math.inf
         for holder in holders:
-            entry = known.get(holder.pid)
-            if entry is None or entry[1] is not holder or entry[2] <= now:
+            if known.get(holder.pid) is not holder or (holder.pod_uid is not None and holder.pod is None):
+                return None
+            due = min(due, checks[holder.pid][1])
+        return Vouched(holders, due, self._changes)
+
+    def keep(self, vouched: Vouched) -> bool:
+        """Whether the holders `vouch` gave, read in the previous interval, are still what `read` would give for
+        their pids and memory now, with no start time due for a check; if so they count as read in this interval.
+        A check that came since only moves a time later than the one vouched for, so that one still holds."""
+        if vouched.due <= self._now:
+            return False
+        if vouched.changes != self._changes:  # something changed, perhaps not these: look
+            if not all(map(operator.is_, map(self._known.get, vouched.pids), vouched.holders)):
                 return False
-            if holder.pod_uid is not None and holder.pod is None:
-                return False  # kubelet may have written the pod's folder since
-        self._seen.update(h.pid for h in holders)
+            vouched.changes = self._changes
+        self._seen.update(vouched.pids)
         return True
 
     def read(self, pid: int, used_mib: int | None) -> Holder | None:
         """The holder behind host `pid`, or None if it has exited."""
         self._seen.add(pid)
         known = self._known.get(pid)
-        if known is not None and known[2] > self._now:
+        checked = self._checks.get(pid)
+        if known is not None and checked is not None and checked[1] > self._now:
             # Listed in the previous interval and checked lately: the same process (see the module's description).
-            holder = known[1]
+            holder = known
             if holder.used_mib == used_mib and (holder.pod_uid is None or holder.pod is not None):
                 return holder
             if holder.pod_uid is not None and holder.pod is None:
                 holder = self._named(holder)  # kubelet may have written the folder since
             if holder.used_mib != used_mib:
                 holder = replace(holder, used_mib=used_mib)
-            self._known[pid] = (known[0], holder, known[2])
+            if holder is not known:
+                self._known[pid] = holder
+                self._changes += 1
             return holder
         base = f"{self._proc}/{pid}/"
         try:
@@ -257,23 +288,31 @@ class HolderReader:
             start = _stat_start(stat) if stat is not None else None
             if stat is not None and start is None:
                 self.errors["holders:unparsable"] += 1
-            if known is not None and start is not None and known[0] == start:
-                holder = known[1]
+            if known is not None and checked is not None and start is not None and checked[0] == start:
+                holder = known
                 if holder.pod_uid is not None and holder.pod is None:
                     holder = self._named(holder)
             else:
                 holder = self._fresh(pid, base, start)
         except _Gone:
-            self._known.pop(pid, None)
+            self._forget(pid)
             self.errors["holders:exited"] += 1
             return None
         if holder.used_mib != used_mib:
             holder = replace(holder, used_mib=used_mib)
         if start is None:
-            self._known.pop(pid, None)  # an unknown start cannot tell a reused pid: read afresh each interval
+            self._forget(pid)  # an unknown start cannot tell a reused pid: read afresh each interval
         else:
-            self._known[pid] = (start, holder, self._now + self.revalidate_s)
+            if known is not None and holder is not known:
+                self._changes += 1
+            self._known[pid] = holder
+            self._checks[pid] = (start, self._now + self.revalidate_s)
         return holder
+
+    def _forget(self, pid: int) -> None:
+        if self._known.pop(pid, None) is not None:
+            self._changes += 1
+        self._checks.pop(pid, None)
 
     def _fresh(self, pid: int, base: str, start: int | None) -> Holder:
         comm = self._read(base + "comm")

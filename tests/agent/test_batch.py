@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import gc
 import gzip
 import json
+import random
 import shutil
+import weakref
+import zlib
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -10,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from agent.batch import MAX_HOLDERS, Batcher, build_batch
+from agent import spool
+from agent.batch import MAX_HOLDERS, Batcher, HolderTable, build_batch, link_holders
 from agent.collect.holders import Holder
 from agent.collect.model import GpuInfo, Interval, Reading, SliceInfo
 from agent.spool import Journal, Spool
@@ -177,16 +182,16 @@ def test_a_holder_is_described_once_per_batch_and_referred_to_from_each_sample(t
     assert list(doc) == ["schema_version", "batch_id", "agent", "instance", "gpus", "holders", "intervals", "events"]
 
 
-def test_each_batch_describes_its_holders_afresh(tmp_path: Path) -> None:
+def test_each_batch_describes_its_holders_again_under_the_numbers_they_had(tmp_path: Path) -> None:
     b = batcher(tmp_path, n=1)
     b.add(held(0, {"GPU-a": (holder(1),)}), INSTANCE, {})
     b.add(held(1, {"GPU-a": (holder(2), holder(1))}), INSTANCE, {})
     first, second = sealed(b)
-    assert [h["pid"] for h in first["holders"]] == [1]
-    assert [h["pid"] for h in second["holders"]] == [2, 1]
+    assert [(h["id"], h["pid"]) for h in first["holders"]] == [(0, 1)]
+    assert [(h["id"], h["pid"]) for h in second["holders"]] == [(1, 2), (0, 1)], "the newcomer takes a free number"
     assert second["intervals"][0]["samples"][0]["holders"] == [
-        {"ref": 0, "used_mib": 1000},
         {"ref": 1, "used_mib": 1000},
+        {"ref": 0, "used_mib": 1000},
     ]
 
 
@@ -197,7 +202,12 @@ def test_holders_kept_from_batch_to_batch_are_described_as_new_ones_would_be(tmp
     job = holder(11, job_id="48213")
     pod = holder(12, pod_uid="u")
     named = replace(pod, namespace="inference", pod="vllm-0")
-    steps = [{"GPU-a": (job, pod)}, {"GPU-a": (job, pod)}, {"GPU-a": (job, named)}, {"GPU-a": (named, job)}]
+    steps: list[dict[str, tuple[Holder, ...]]] = [
+        {"GPU-a": (job, pod)},
+        {"GPU-a": (job, pod)},
+        {"GPU-a": (job, named)},
+        {"GPU-a": (named, job)},
+    ]
     for n, by_device in enumerate(steps):
         kept.add(held(n, by_device), INSTANCE, {})
         copies = {uuid: tuple(replace(h) for h in hs) for uuid, hs in by_device.items()}
@@ -205,10 +215,152 @@ def test_holders_kept_from_batch_to_batch_are_described_as_new_ones_would_be(tmp
     documents = [[{k: v for k, v in doc.items() if k != "batch_id"} for doc in sealed(b)] for b in (kept, fresh)]
     assert documents[0] == documents[1]
     second = documents[0][1]
-    assert [(h["pid"], h.get("pod")) for h in second["holders"]] == [(11, None), (12, "vllm-0")]
+    assert [(h["id"], h["pid"], h.get("pod")) for h in second["holders"]] == [(0, 11, None), (2, 12, "vllm-0")]
     assert [s["holders"] for s in second["intervals"][1]["samples"]] == [
-        [{"ref": 1, "used_mib": 1000}, {"ref": 0, "used_mib": 1000}]
+        [{"ref": 2, "used_mib": 1000}, {"ref": 0, "used_mib": 1000}]
     ]
+
+
+def test_a_holder_keeps_its_number_and_its_json_from_batch_to_batch(tmp_path: Path) -> None:
+    b = batcher(tmp_path, n=1)
+    gpus = layout("MIG-1")
+    on_a = (holder(11, job_id="48213"), holder(12, pod_uid="u"))
+    b.add(held(0, {"GPU-a": on_a}, gpus), INSTANCE, {})
+    before = b._holders._before  # what the sealed batch's table made, carried to the next
+    b.add(held(1, {"GPU-a": on_a, "MIG-1": (holder(13),)}, gpus), INSTANCE, {})
+    table = HolderTable(b._holders)  # the table of the batch after: what it made for GPU-a is from the first
+    text = table.refs_json(on_a)
+    assert text == '[{"ref":0,"used_mib":1000},{"ref":1,"used_mib":1000}]'
+    assert text is before[4][id(on_a)][1], "the references' JSON is made once, not once per batch"
+    assert table.encoded[0] is before[2][0][2], "and so is each description's"
+    first, second = sealed(b)
+    assert first["holders"] == second["holders"][:2]
+    assert second["intervals"][0]["samples"][0]["holders"] == first["intervals"][0]["samples"][0]["holders"]
+
+
+def test_numbers_stay_unique_and_in_bounds_under_churn(tmp_path: Path) -> None:
+    """Thousands of processes come and go across batches, some batches fuller than the table: every batch numbers
+    its holders 0 to MAX_HOLDERS - 1, no two alike, every reference names its own process, and a process that runs
+    on keeps its number while the numbers suffice."""
+    b = batcher(tmp_path, n=2)
+    rng = random.Random(7)
+    running = [holder(pid) for pid in range(1, 400)]
+    next_pid = 400
+    numbers: dict[int, int] = {}  # pid -> number in the last batch
+    listed_in: dict[float, dict[str, tuple[Holder, ...]]] = {}  # the holders each interval listed, by its util
+    for n in range(40):
+        if n % 10 == 9:  # a crowd: fills the table and pushes a batch past it
+            crowd = [holder(next_pid + i) for i in range(MAX_HOLDERS - 200)]
+            next_pid += len(crowd)
+        else:
+            crowd = []
+        gone = set(rng.sample(range(len(running)), 60))
+        running = [h for i, h in enumerate(running) if i not in gone] + [holder(next_pid + i) for i in range(60)]
+        next_pid += 60
+        devices = {"GPU-a": tuple(running[:200]), "MIG-1": tuple(running[200:]), "MIG-2": tuple(crowd)}
+        listed_in[float(n)] = devices
+        b.add(held(n, devices, layout("MIG-1", "MIG-2")), INSTANCE, {})
+        for item in b.spool.pending():
+            body = b.spool.read(item)
+            assert body is not None
+            doc = json.loads(gzip.decompress(body))
+            b.spool.remove(item)
+            pid_of = {h["id"]: h["pid"] for h in doc["holders"]}
+            assert len(pid_of) == len(doc["holders"]) <= MAX_HOLDERS
+            assert all(0 <= number < MAX_HOLDERS for number in pid_of)
+            described = set(pid_of.values())
+            listed: dict[int, int] = {}  # pid -> number
+            for interval in doc["intervals"]:
+                devices = listed_in[interval["samples"][0]["util"]]
+                for sample in interval["samples"]:
+                    refs = sample.get("holders", [])
+                    wanted = [h.pid for h in devices.get(sample["uuid"], ()) if h.pid in described]
+                    assert [pid_of[r["ref"]] for r in refs] == wanted
+                    listed |= {pid_of[r["ref"]]: r["ref"] for r in refs}
+            assert set(listed) == described, "each described holder is referred to"
+            if numbers and len(pid_of) < MAX_HOLDERS // 2 and len(numbers) < MAX_HOLDERS // 2:
+                kept = [pid for pid in listed if pid in numbers]
+                assert kept and all(listed[pid] == numbers[pid] for pid in kept)
+            numbers = listed
+    b.journal.close()
+    assert next_pid > 10_000
+
+
+def test_a_table_keeps_nothing_of_the_batches_before_the_last(tmp_path: Path) -> None:
+    class Name(str):
+        """A name the test can watch: a weak reference says when nothing holds the holder any more."""
+
+    b = batcher(tmp_path, n=1)
+
+    def add_gone(n: int) -> weakref.ref[Name]:
+        name = Name("gone")
+        b.add(held(n, {"GPU-a": (Holder(5, name, 0, "root", STARTED, 10),)}), INSTANCE, {})
+        return weakref.ref(name)
+
+    watched = add_gone(0)
+    gc.collect()
+    assert watched() is not None, "what the sealed batch's table made is carried to the next"
+    b.add(held(1, {"GPU-a": (holder(1),)}), INSTANCE, {})
+    gc.collect()
+    assert watched() is None, "but no further"
+
+
+def test_a_journal_with_carried_numbers_seals_on_recovery_as_it_would_live(tmp_path: Path) -> None:
+    b = batcher(tmp_path, n=2)
+    b.add(held(0, {"GPU-a": (holder(1), holder(2))}), INSTANCE, {})
+    b.add(held(1, {"GPU-a": (holder(1), holder(2))}), INSTANCE, {})
+    b.add(held(2, {"GPU-a": (holder(3), holder(2))}), INSTANCE, {})
+    b.journal.close()
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    shutil.copy(tmp_path / "open.jsonl", copy / "open.jsonl")
+    b.flush()
+    again = batcher(copy, n=2)
+    assert again.recover() is not None  # killed before it could seal, with the same journal on disk
+    [_, live], [recovered] = b.spool.pending(), again.spool.pending()
+    assert b.spool.read(live) == again.spool.read(recovered)
+    doc = sealed(again)[0]
+    assert [(h["id"], h["pid"]) for h in doc["holders"]] == [(2, 3), (1, 2)]
+    assert doc["intervals"][0]["samples"][0]["holders"] == [{"ref": 2, "used_mib": 1000}, {"ref": 1, "used_mib": 1000}]
+
+
+def test_recovery_keeps_the_later_of_two_descriptions_under_one_number() -> None:
+    intervals = [
+        {"samples": [{"uuid": "GPU-a", "holders": [{"ref": 4}, {"ref": 7}]}]},
+        {"samples": [{"uuid": "GPU-a", "holders": [{"ref": 4}]}, {"uuid": "GPU-b", "holders": [{"ref": 9}]}]},
+    ]
+    entries = [{"id": 4, "pid": 1}, {"id": 7, "pid": 2}, {"id": 4, "pid": 3}]
+    assert link_holders(intervals, entries) == [{"id": 7, "pid": 2}, {"id": 4, "pid": 3}]
+    assert intervals == [
+        {"samples": [{"uuid": "GPU-a", "holders": [{"ref": 4}, {"ref": 7}]}]},
+        {"samples": [{"uuid": "GPU-a", "holders": [{"ref": 4}]}, {"uuid": "GPU-b"}]},
+    ], "a reference to no description is dropped"
+
+
+def test_a_table_sent_again_is_compressed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The holders table is a deflate piece of its own, kept while the table stays the same: the body is still a
+    gzip of exactly what `json.dumps` writes, whole for the server's reader (zlib, gzip wrapping)."""
+    made: list[bytes] = []
+    real_deflate = spool._deflate
+
+    def deflate(data: bytes, flush: int) -> bytes:
+        made.append(data)
+        return real_deflate(data, flush)
+
+    monkeypatch.setattr(spool, "_deflate", deflate)
+    monkeypatch.setattr(spool, "_deflated", (b"", b""))  # whatever table another test sealed last
+    b = batcher(tmp_path, n=1)
+    on_a = (holder(1, pod_uid="u", namespace="inference", pod="vllm-0"), holder(2))
+    for n in range(3):
+        b.add(held(n, {"GPU-a": on_a}), INSTANCE, {})
+    tables = [data for data in made if data.startswith(b'[{"id":')]
+    assert len(tables) == 1 and len(made) == 7, "head and tail each batch, the table once"
+    for item in b.spool.pending():
+        body = b.spool.read(item)
+        assert body is not None
+        text = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(body)
+        assert text == gzip.decompress(body) == json.dumps(json.loads(text), separators=(",", ":")).encode()
+        assert tables[0] in text
 
 
 def test_a_batch_without_holders_is_what_it_was() -> None:
@@ -266,10 +418,10 @@ def test_a_description_lost_with_its_journal_line_takes_its_references_along(tmp
     again = batcher(tmp_path, n=10)
     again.recover()
     [doc] = sealed(again)
-    assert [(h["id"], h["pid"]) for h in doc["holders"]] == [(0, 1), (1, 3)]
+    assert [(h["id"], h["pid"]) for h in doc["holders"]] == [(0, 1), (2, 3)]
     assert [iv["samples"][0].get("holders") for iv in doc["intervals"]] == [
         [{"ref": 0, "used_mib": 1000}],
-        [{"ref": 1, "used_mib": 1000}],
+        [{"ref": 2, "used_mib": 1000}],
     ]
 
 
@@ -290,8 +442,8 @@ def test_a_journal_write_that_failed_describes_its_holders_again(
     b.add(held(2, {"GPU-a": (holder(2),)}), INSTANCE, {})
     b.flush()
     [doc] = sealed(b)
-    assert [h["pid"] for h in doc["holders"]] == [1, 2]
-    assert doc["intervals"][1]["samples"][0]["holders"] == [{"ref": 1, "used_mib": 1000}]
+    assert [(h["id"], h["pid"]) for h in doc["holders"]] == [(0, 1), (2, 2)], "number 1 may be on the disk"
+    assert doc["intervals"][1]["samples"][0]["holders"] == [{"ref": 2, "used_mib": 1000}]
 
 
 def test_a_device_s_unchanged_holders_share_one_list_of_references(tmp_path: Path) -> None:

@@ -275,6 +275,37 @@ def test_a_device_whose_holders_did_not_change_gives_the_same_tuple(tmp_path: Pa
     assert [x.pid for x in changed] == [43, 41, 42] and changed[1:] == first
 
 
+def test_unchanged_devices_keep_their_holders_without_reading_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proc, reader = proc_tree(tmp_path)
+    h = Host("p5", holders=reader)
+    for p in list(h.lib._gpus[7].procs):
+        h.lib.remove_process(7, p.pid)  # the scenario's own: not in this /proc tree, read every time
+    for gpu, pid in ((6, 61), (7, 71)):
+        proc.add(pid)
+        h.lib.add_process(gpu, pid, 100)
+    first = h.interval()
+    uuids = [first.gpus[i].uuid for i in (6, 7)]
+    asked: list[int] = []
+    real_read = reader.read
+
+    def read(pid: int, used_mib: int | None) -> Holder | None:
+        asked.append(pid)
+        return real_read(pid, used_mib)
+
+    monkeypatch.setattr(reader, "read", read)
+    second = h.interval()
+    assert all(holders_of(second, u) is holders_of(first, u) for u in uuids)
+    assert not {61, 71} & set(asked), "nothing changed: not even looked up"
+    h.lib.remove_process(7, 71)
+    h.lib.add_process(7, 71, 200)
+    third = h.interval()
+    assert holders_of(third, uuids[0]) is holders_of(first, uuids[0]), "another device's change leaves this one be"
+    assert [x.used_mib for x in holders_of(third, uuids[1])] == [200]
+    assert 61 not in asked and 71 in asked
+
+
 WORK_HOURS = datetime(2026, 11, 24, 17, 0, tzinfo=UTC).timestamp()  # a Tuesday, noon in UTC-5
 
 

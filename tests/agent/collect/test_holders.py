@@ -408,6 +408,61 @@ def test_a_reused_pid_becomes_a_new_holder_after_the_cadence(tmp_path: Path, pro
     assert r.read(60, 2) is holder
 
 
+def test_holders_vouched_for_are_kept_until_one_changes_or_is_due(tmp_path: Path, proc: Proc) -> None:
+    for pid in (81, 82, 83):
+        proc.add(pid)
+    clock = Clock()
+    r = reader(tmp_path, revalidate_s=60.0, clock=clock)
+    a, b, c = (r.read(pid, 100) for pid in (81, 82, 83))
+    assert a is not None and b is not None and c is not None
+    vouched = r.vouch((a, b))
+    assert vouched is not None
+    for _ in range(3):
+        clock.now += 10.0
+        r.begin_interval()
+        assert r.keep(vouched), "nothing changed"
+        assert r.read(83, 100) is c
+    assert r.read(83, 200) is not c
+    r.begin_interval()
+    assert r.keep(vouched), "another pid's holder changed: these are still what a read gives"
+    assert r.read(82, 300) is not b
+    r.begin_interval()
+    assert not r.keep(vouched), "one of them changed"
+
+    again = (r.read(81, 100), r.read(82, 300))
+    assert again[0] is a and again[1] is not None
+    fresh = r.vouch(again)  # type: ignore[arg-type]
+    assert fresh is not None and r.keep(fresh)
+    clock.now += 30.0  # 60 s since 81 was checked
+    r.begin_interval()
+    assert not r.keep(fresh), "due for a check"
+    assert r.read(81, 100) is a, "which finds the same process"
+    assert r.vouch((a, b)) is None, "b is no longer what a read gives"
+
+
+def test_a_kept_holder_counts_as_read_in_its_interval(tmp_path: Path, proc: Proc) -> None:
+    proc.add(84)
+    r = reader(tmp_path, clock=Clock())
+    holder = r.read(84, 1)
+    assert holder is not None
+    vouched = r.vouch((holder,))
+    assert vouched is not None
+    for _ in range(3):
+        r.begin_interval()
+        assert r.keep(vouched)
+    r.begin_interval()
+    r.begin_interval()  # neither kept nor read in the interval before: forgotten
+    assert not r.keep(vouched)
+
+
+def test_a_pod_not_yet_named_is_not_vouched_for(tmp_path: Path, proc: Proc) -> None:
+    proc.add(85, cgroup=V2_KUBEPODS_CGROUPFS)
+    r = reader(tmp_path)
+    holder = r.read(85, 1)
+    assert holder is not None and holder.pod_uid == POD and holder.pod is None
+    assert r.vouch((holder,)) is None, "kubelet may write the pod's folder later"
+
+
 def test_processes_not_seen_in_an_interval_are_forgotten(tmp_path: Path, proc: Proc) -> None:
     folder = proc.add(70)
     r = reader(tmp_path)
