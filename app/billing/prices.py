@@ -16,7 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from .spot import SpotPool
-from .spot_history import HourlyPrice, hourly_spot_prices
+from .spot_history import PriceSegment, spot_price_segments
 
 BILLED = "billed"
 SPOT_HISTORY = "spot history"
@@ -99,33 +99,57 @@ def price_pieces(
         for i in wanted
         if i.lifecycle == "spot" and i.instance_type and i.availability_zone
     }
-    hourly = hourly_spot_prices(session, set(spot.values()), start, end) if spot else {}
+    segments = spot_price_segments(session, set(spot.values()), start, end) if spot else {}
     for pk, pool in spot.items():
         billed = out.get(pk, [])
-        runs = _runs(hourly.get(SpotPool(*pool), []), start, end)
-        if runs and runs[-1].end < end:
-            # The pool is read hourly: until the next read, its last price is the one in force.
-            last = runs[-1]
-            runs[-1] = PricePiece(last.start, end, last.usd_per_hour, SPOT_HISTORY)
+        runs = _spot_pieces(segments.get(SpotPool(*pool), []), start, end)
         added = [cut for p in runs for cut in _minus(p, billed)]
         if added:
             out[pk] = sorted([*billed, *added], key=lambda p: p.start)
     return out
 
 
-def _runs(hours: Iterable[HourlyPrice], start: datetime, end: datetime) -> list[PricePiece]:
-    """Hourly spot prices as pieces: consecutive hours at the same price merged."""
+def _spot_pieces(segments: list[PriceSegment], start: datetime, end: datetime) -> list[PricePiece]:
+    """A pool's prices over [start, end) (hour-aligned) as pieces on whole hours: the hours inside one price at that
+    price, an hour in which the price changed at the mean of the prices in force, each for its seconds. The pool is
+    read hourly, so its last price read holds until `end`. Work in proportion to the segments, not the hours."""
+    if not segments:
+        return []
+    spans = [(seg.starts, seg.ends, seg.usd_per_hour) for seg in segments]
+    spans[-1] = (spans[-1][0], end, spans[-1][2])
     pieces: list[PricePiece] = []
-    for h in hours:
-        hour, usd = h.hour, h.usd_per_hour
-        if hour < start or hour >= end:
+    partial: dict[datetime, list[float]] = {}  # hour -> [USD/h x seconds, seconds]
+    for a, b, usd in spans:
+        a, b = max(a, start), min(b, end)
+        if b <= a:
             continue
-        last = pieces[-1] if pieces else None
-        if last is not None and last.end == hour and abs(last.usd_per_hour - usd) < 1e-9:
-            pieces[-1] = PricePiece(last.start, hour + HOUR, usd, SPOT_HISTORY)
+        first, last = _ceil_hour(a), _floor_hour(b)
+        if first < last:
+            pieces.append(PricePiece(first, last, usd, SPOT_HISTORY))
+        for lo, hi in ((a, min(first, b)), (max(last, a), b)) if first <= last else ((a, b),):
+            if hi > lo:
+                acc = partial.setdefault(_floor_hour(lo), [0.0, 0.0])
+                seconds = (hi - lo).total_seconds()
+                acc[0] += usd * seconds
+                acc[1] += seconds
+    pieces += [PricePiece(hour, hour + HOUR, acc[0] / acc[1], SPOT_HISTORY) for hour, acc in partial.items()]
+    merged: list[PricePiece] = []
+    for piece in sorted(pieces, key=lambda p: p.start):
+        prev = merged[-1] if merged else None
+        if prev is not None and prev.end == piece.start and abs(prev.usd_per_hour - piece.usd_per_hour) < 1e-9:
+            merged[-1] = PricePiece(prev.start, piece.end, prev.usd_per_hour, SPOT_HISTORY)
         else:
-            pieces.append(PricePiece(hour, hour + HOUR, usd, SPOT_HISTORY))
-    return pieces
+            merged.append(piece)
+    return merged
+
+
+def _floor_hour(t: datetime) -> datetime:
+    return t.replace(minute=0, second=0, microsecond=0)
+
+
+def _ceil_hour(t: datetime) -> datetime:
+    floor = _floor_hour(t)
+    return floor if floor == t else floor + HOUR
 
 
 def _minus(piece: PricePiece, billed: list[PricePiece]) -> list[PricePiece]:

@@ -1,13 +1,11 @@
-"""The spot prices in force over a time range, per pool, from the history app/billing/spot.py reads: as stretches
-at one price, and as each UTC hour's price (the mean of the prices in force in it, each for its seconds: EC2 bills
-spot by the second at the price in force)."""
+"""The spot prices in force over a time range, per pool, from the history app/billing/spot.py reads, as stretches
+at one price (app/billing/prices.py makes hours of them)."""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 
 from sqlalchemy import Connection, text
 from sqlalchemy.orm import Session
@@ -23,16 +21,6 @@ class PriceSegment:
     starts: datetime
     ends: datetime
     usd_per_hour: float
-
-
-@dataclass(frozen=True)
-class HourlyPrice:
-    """The spot price of one UTC hour: the mean of the prices in force in it, each weighed by its seconds, USD/h.
-    `known_s` is how many of the hour's 3600 s the history covers; the mean is over those."""
-
-    hour: datetime
-    usd_per_hour: float
-    known_s: float
 
 
 _SEGMENTS_SQL = text(
@@ -89,36 +77,4 @@ def spot_price_segments(
             segments[-1] = PriceSegment(segments[-1].starts, ends, row.usd_per_hour)
         else:
             segments.append(PriceSegment(starts, ends, row.usd_per_hour))
-    return out
-
-
-def _hour_floor(t: datetime) -> datetime:
-    t = t.astimezone(UTC)
-    return t.replace(minute=0, second=0, microsecond=0)
-
-
-def hourly_spot_prices(
-    session: Session | Connection, pools: Iterable[tuple[str, str]], start: datetime, end: datetime
-) -> dict[SpotPool, list[HourlyPrice]]:
-    """The spot price of each UTC hour that overlaps [start, end), for each pool: the time-weighted mean of the
-    prices in force during the whole hour (spot is billed by the second at the price in force), USD/h. Hours the
-    history says nothing about are left out; an hour it covers in part has the mean of that part, and says how
-    much in `known_s`. One query."""
-    first = _hour_floor(start)
-    last = _hour_floor(end)
-    if last < end:
-        last += timedelta(hours=1)
-    out: dict[SpotPool, list[HourlyPrice]] = {}
-    for pool, segments in spot_price_segments(session, pools, first, last).items():
-        weighed: dict[datetime, float] = defaultdict(float)
-        known: dict[datetime, float] = defaultdict(float)
-        for seg in segments:
-            hour = _hour_floor(seg.starts)
-            while hour < seg.ends:
-                next_hour = hour + timedelta(hours=1)
-                seconds = (min(seg.ends, next_hour) - max(seg.starts, hour)).total_seconds()
-                weighed[hour] += seg.usd_per_hour * seconds
-                known[hour] += seconds
-                hour = next_hour
-        out[pool] = [HourlyPrice(hour, weighed[hour] / known[hour], known[hour]) for hour in sorted(known)]
     return out

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from pathlib import Path
 
-from sqlalchemy import func, select, tuple_, update
+from sqlalchemy import func, select, tuple_
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -154,23 +154,6 @@ def store_spot_history(session: Session, history: dict[SpotPool, Changes], *, no
     )
     session.execute(upsert.on_conflict_do_update(index_elements=["instance_type", "availability_zone"], set_=read))
     return len(rows)
-
-
-class SpotReads:
-    """Keeps the simulated pools read up to now while the demo runs, as the server's hourly reads of EC2 would:
-    an hour past `read_until` would fall back to the instance's own price. Once a minute, and in each new hour
-    at once."""
-
-    def __init__(self, sessions: sessionmaker[Session], now: float) -> None:
-        self.sessions = sessions
-        self.last = now
-
-    def tick(self, now: float) -> None:
-        if now - self.last < 60 and now // HOUR == self.last // HOUR:
-            return
-        with session_scope(self.sessions) as session:
-            session.execute(update(spot_price_reads).values(read_until=_utc(now), read_at=_utc(now)))
-        self.last = now
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -361,7 +344,6 @@ def _utc(t: float) -> datetime:
 __all__ = [
     "PAYER",
     "Shipped",
-    "SpotReads",
     "Unmonitored",
     "bill_lines",
     "block_reservation",

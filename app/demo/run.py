@@ -334,13 +334,11 @@ def _run(options: DemoOptions, settings: Settings, sock: socket.socket, engine: 
             mem_held_mib=settings.mem_held_mib,
         )
         agents.sync(time.time())
-        spot_reads = billing.SpotReads(sessions, time.time())
         _legend(fleet, agents, options.interval_s, url, shipped)
         say(f"open {url}  (Ctrl-C stops the agents, the server and PostgreSQL)")
         while True:
             time.sleep(2.0)
             agents.sync(time.time())
-            spot_reads.tick(time.time())
     finally:
         agents.stop()
         server.stop()

@@ -88,3 +88,13 @@ def test_the_last_spot_price_read_holds_until_the_next_read(session: Session) ->
     )
     pieces = price_pieces(session, [SPOT], T0, T0 + 3 * H)[SPOT.pk]
     assert pieces == [PricePiece(T0, T0 + 3 * H, 0.4, SPOT_HISTORY)]
+
+
+def test_an_hour_the_history_covers_in_part_is_priced_over_that_part(session: Session) -> None:
+    session.execute(
+        insert(spot_prices).values(
+            instance_type="g5.xlarge", availability_zone="us-east-1b", ts=T0 + 0.5 * H, usd_per_hour=0.4
+        )
+    )
+    pieces = price_pieces(session, [SPOT], T0, T0 + 48 * H)[SPOT.pk]
+    assert pieces == [PricePiece(T0, T0 + 48 * H, 0.4, SPOT_HISTORY)]

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.billing import spot
 from app.billing.spot import BACKOFF_MAX, SpotPool, backoff, ec2_clients, prices_from_answer, refresh_spot_prices
-from app.billing.spot_history import HourlyPrice, PriceSegment, hourly_spot_prices, spot_price_segments
+from app.billing.spot_history import PriceSegment, spot_price_segments
 from app.billing.tables import spot_price_reads, spot_prices
 from app.models import Instance
 
@@ -469,21 +469,4 @@ def test_segments_cover_the_range_from_the_price_in_force(session: Session, stat
         BOUNDED: [PriceSegment(H0, H0 + 2 * HOUR + 30 * MIN, 3.0)],
         LATE: [PriceSegment(H0 + 30 * MIN, H0 + 3 * HOUR, 4.0)],
         NONE: [],
-    }
-
-
-@pytest.mark.usefixtures("history")
-def test_hourly_prices_are_time_weighted_means(session: Session, statements: list[str]) -> None:
-    hourly = hourly_spot_prices(session, [P4D, BOUNDED, LATE], H0 + 10 * MIN, H0 + 2 * HOUR + 5 * MIN)
-
-    assert len(statements) == 1
-    assert hourly == {
-        # 15 minutes at 1.0 USD/h and 45 at 2.5: (900 * 1.0 + 2700 * 2.5) / 3600.
-        P4D: [HourlyPrice(H0, 2.125, 3600), HourlyPrice(H0 + HOUR, 2.5, 3600), HourlyPrice(H0 + 2 * HOUR, 0.5, 3600)],
-        BOUNDED: [
-            HourlyPrice(H0, 3.0, 3600),
-            HourlyPrice(H0 + HOUR, 3.0, 3600),
-            HourlyPrice(H0 + 2 * HOUR, 3.0, 1800),
-        ],
-        LATE: [HourlyPrice(H0, 4.0, 1800), HourlyPrice(H0 + HOUR, 4.0, 3600), HourlyPrice(H0 + 2 * HOUR, 4.0, 3600)],
     }

@@ -15,7 +15,7 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.billing.spot import SpotPool
-from app.billing.tables import billed_hours, spot_price_reads
+from app.billing.tables import billed_hours
 from app.demo import billing, history
 from app.demo.fleet import DAY, DEFAULT_INSTANCES, GRID_S, HOUR, STORIES, DemoFleet, SimInstance, make_fleet
 from app.main import create_app
@@ -214,17 +214,6 @@ def test_the_capacity_block_instance_pays_for_its_offline_hours(
     # The offline hours are paid, at the block's price, as idle waste.
     assert row["idle_cost"] == pytest.approx(row["offline_h"] / 8 * billing.BLOCK_USD_PER_HOUR, rel=1e-6)
     assert row["cost"] >= billing.BLOCK_USD_PER_HOUR * 96 - 1e-6
-
-
-def test_the_spot_history_is_read_up_to_now_and_kept_so(
-    shipped: Shipped, module_sessions: sessionmaker[Session]
-) -> None:
-    reads = billing.SpotReads(module_sessions, time.time())
-    later = time.time() + HOUR
-    reads.tick(later)
-    with module_sessions() as session:
-        until = set(session.scalars(select(spot_price_reads.c.read_until)))
-    assert until == {datetime.fromtimestamp(later, UTC)}
 
 
 def test_a_demo_started_again_imports_nothing_new(shipped: Shipped, module_sessions: sessionmaker[Session]) -> None:
