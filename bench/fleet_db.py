@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench.database import connect, libpq_url, server_name, with_database
 from bench.fleet import HOUR, SHAPE, Fleet, make_fleet
+from bench.fleet_bill import drop_bill, ensure_bill
 from bench.fleet_load import device_ids, ensure_partitions, load_fleet, top_up, utc
 from bench.harness import free_port, log, quiet, start_server, stop_server, wait_ready
 
@@ -54,6 +55,13 @@ def parse_args(argv: list[str] | None, description: str | None) -> argparse.Name
         "--keep", action="store_true", help="keep a database this run made (data folder, or external database)"
     )
     p.add_argument("--skip-load", action="store_true", help="write no samples: time the pages on what is there")
+    p.add_argument(
+        "--bill",
+        choices=("on", "off"),
+        default="on",
+        help="on (default): the fleet has a month of bill and spot price history (bench/fleet_bill.py), imported "
+        "once; off: the billing tables are emptied and every hour is at the instance's own price",
+    )
     p.add_argument("--load-workers", type=int, default=2, help="processes generating and writing samples")
     p.add_argument("--workers", type=int, default=1, help="server worker processes (default 1)")
     p.add_argument(
@@ -258,6 +266,11 @@ def prepare(args: argparse.Namespace, stack: contextlib.ExitStack) -> Prepared:
     if fleet is not None:
         retention = max(14, fleet.days + 1)
 
+    if fleet is not None and args.bill == "on":
+        figures |= ensure_bill(url, fleet)
+    elif args.bill == "off":
+        drop_bill(url)
+        log("no bill: every hour at the instance's own price")
     engine = make_engine(url, pool_size=2)
     stack.callback(engine.dispose)
     ids = device_ids(engine) if fleet is not None else {}

@@ -123,7 +123,7 @@ class Unit:
     a GPU: 1, or compute slices / 7; None for a slice of unknown size)."""
 
     # A plain slotted class: a fleet builds thousands of units on every page view.
-    __slots__ = ("_device", "_figures", "gpu", "kind", "slice", "sources", "usd_per_gpu_hour", "weight")
+    __slots__ = ("_device", "_figures", "_rated", "gpu", "kind", "slice", "sources", "usd_per_gpu_hour", "weight")
 
     def __init__(
         self,
@@ -147,6 +147,8 @@ class Unit:
         self.sources: dict[str, float] | None = None
         """USD per price source where the unit was priced from more than one (app/analyse/priced.py); None when
         all of it is at its instance's price."""
+        self._rated: float | None = None
+        """Merged parts: the sum of GPU-hours with data x their price, USD (offline time paid for left out)."""
 
     def figures(self) -> Figures:
         """What this unit adds to its groups and to the totals."""
@@ -162,10 +164,26 @@ class Unit:
     def merge(self, other: Unit) -> None:
         """Add `other`, the same unit over another part of the window, at that part's price."""
         mine, theirs = self.usd_by_source(), other.usd_by_source()
+        self._rated = self._rated_usd() + other._rated_usd()
         self._figures.add(other._figures)
         if self._device is not None and other._device is not None:
             self._device.add(other._device)
         self.sources = {k: mine.get(k, 0.0) + theirs.get(k, 0.0) for k in mine.keys() | theirs.keys()}
+
+    def _rated_usd(self) -> float:
+        if self._rated is not None:
+            return self._rated
+        rate = self.usd_per_gpu_hour
+        return 0.0 if rate is None else self._figures.gpu_hours * rate
+
+    @property
+    def mean_usd_per_gpu_hour(self) -> float | None:
+        """What its hours with data cost on average, USD per GPU-hour: its price, or, for a unit priced piece by
+        piece, the mean over its priced hours; None where none is priced."""
+        if self._rated is None:
+            return self.usd_per_gpu_hour
+        priced_h = self._figures.gpu_hours - self._figures.unpriced_gpu_hours
+        return self._rated / priced_h if priced_h > 1e-12 else self.usd_per_gpu_hour
 
     @property
     def sized(self) -> bool:

@@ -243,7 +243,6 @@ def _add_values(
         summed = sources[g] = GroupRow(g, g)
         for m in rows:
             summed.add_sources(m.usd_by_source)
-            summed.figures.add(m.figures)
     taken: dict[str, Figures] = {}
     for v in held.sums:
         found = bases.get(v.group)
@@ -258,7 +257,10 @@ def _add_values(
         if not row.units:
             row.units.append(members[v.group][0].sample)
         row.prices |= prices[v.group]
-        _share_sources(row, sources[v.group], figures.cost)
+        row.add_sources(v.usd_by_source)
+        left_sources = sources[v.group].usd_by_source
+        for kind, usd in v.usd_by_source.items():
+            left_sources[kind] = left_sources.get(kind, 0.0) - usd
     for group, inst_rows in members.items():
         whole = Figures()
         for inst_row in inst_rows:
@@ -271,13 +273,8 @@ def _add_values(
                 row.units.extend(inst_row.units)
                 row.gpus |= inst_row.gpus
             row.prices |= prices[group]
-            _share_sources(row, sources[group], left.cost)
-
-
-def _share_sources(row: GroupRow, group: GroupRow, usd: float) -> None:
-    """Give `row` the price sources of its group of instances in proportion to its `usd` of the group's cost."""
-    if group.figures.cost:
-        row.add_sources(group.usd_by_source, usd / group.figures.cost)
+            # What the values leave of the group's cost by source (each value's own, from the database).
+            row.add_sources({k: usd for k, usd in sources[group].usd_by_source.items() if usd > 1e-9})
 
 
 def per_instance(units: Iterable[Unit]) -> dict[int, GroupRow]:

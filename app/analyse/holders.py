@@ -247,14 +247,15 @@ def rest(whole: Figures, parts: Sequence[Figures]) -> Figures:
 def _held_figures(unit: Unit, held: HeldUsage, scale: float) -> Figures:
     """A holder's part of a unit: its seconds as the unit's, with no idle and no time without a process (a device
     that a process holds is never idle). Seconds under the idle threshold had a utilization figure, so they count
-    as known even in rows written before holder rollups had utilization (migration 0012)."""
+    as known even in rows written before holder rollups had utilization (migration 0012). Priced at the unit's mean
+    price over the window: for a unit priced piece by piece, each holder's part is the same share of every hour."""
     known = max(held.util_known_s, held.below_s)
     usage = DeviceUsage(
         held.device_id, held.secs * scale, known * scale, held.util_sum * scale, held.below_s * scale, 0.0, 0.0
     )
     if unit.weight is None:
         return Figures(unsized_slice_h=usage.covered_s / 3600)
-    return usage_figures(usage, unit.weight, unit.usd_per_gpu_hour, 0.0)
+    return usage_figures(usage, unit.weight, unit.mean_usd_per_gpu_hour, 0.0)
 
 
 def split_units(units: Sequence[Unit], held: dict[int, list[HeldUsage]], holders: dict[int, HolderInfo]) -> list[Part]:

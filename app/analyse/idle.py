@@ -4,6 +4,10 @@ An idle stretch runs from the end of the last interval with activity (or with un
 The ingest path keeps, per device and per threshold, that moment and the seconds of data since
 (`device_status`), so the list reads one row per GPU however long the stretch. Offline time inside a
 stretch does not end it, but is not counted (or priced) as idle.
+
+Money is priced hour by hour where the bill or the spot price history knows the price (app/analyse/price_now.py):
+what a stretch burned is its idle hours x the time-weighted mean price over the stretch, and what it costs per
+hour and per day is at the price now.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from sqlalchemy.orm import Session
 from ..models import UTIL_BOUNDS
 from .fleet import ONLINE, Fleet, GpuInfo
 from .now import Latest
+from .price_now import PriceNow, mean_price, price_at, read_pieces
 from .states import IDLE, IDLE_HELD, Thresholds
 
 
@@ -34,6 +39,14 @@ class IdleGpu:
     state: str
     """idle or idle-held, from the newest sample."""
     latest: Latest | None
+    price: PriceNow
+    """Its instance's price now."""
+    burned_usd: float | None
+    """Cost of the stretch so far, USD: hours idle x the time-weighted mean price over [since, now] in USD per
+    GPU-hour (price pieces where the bill or spot history knows the price, the instance's own price elsewhere);
+    None without a price."""
+    burned_sources: tuple[str, ...] = ()
+    """The kinds of price in `burned_usd`, largest share first ("billed", "spot history", "catalog", ...)."""
 
     @property
     def idle_hours(self) -> float:
@@ -41,17 +54,17 @@ class IdleGpu:
 
     @property
     def usd_per_hour(self) -> float | None:
-        return self.gpu.instance.price.usd_per_gpu_hour
+        """What it costs per hour now, USD per GPU-hour (USD/h: it is one GPU)."""
+        return self.price.usd_per_gpu_hour
 
     @property
-    def burned_usd(self) -> float | None:
-        """Cost of the stretch so far, USD; None without a price."""
-        rate = self.usd_per_hour
-        return None if rate is None else rate * self.idle_hours
+    def price_source(self) -> str | None:
+        """The kind of its price now; None without one."""
+        return self.price.source
 
     @property
     def usd_per_day(self) -> float | None:
-        """What it costs per day while it stays like this, USD/day."""
+        """What it costs per day at the price now while it stays like this, USD/day."""
         rate = self.usd_per_hour
         return None if rate is None else rate * 24
 
@@ -79,7 +92,8 @@ def idle_stretches(
 def idle_gpus(
     session: Session, fleet: Fleet, latest: dict[int, Latest], *, now: datetime, thresholds: Thresholds
 ) -> list[IdleGpu]:
-    """Passthrough GPUs idle now for at least `idle_min_hours`, longest stretch first."""
+    """Passthrough GPUs idle now for at least `idle_min_hours`, longest stretch first, each priced over its
+    stretch and now from one read of the price pieces of their instances."""
     candidates = [
         gpu
         for gpu in fleet.gpus.values()
@@ -89,7 +103,7 @@ def idle_gpus(
         and latest[gpu.pk].state in (IDLE, IDLE_HELD)
     ]
     stretches = idle_stretches(session, [g.pk for g in candidates], idle_util_pct=thresholds.idle_util_pct)
-    out = []
+    listed: list[tuple[GpuInfo, datetime, float, float]] = []
     min_span = timedelta(hours=thresholds.idle_min_hours)
     for gpu in candidates:
         found = stretches.get(gpu.pk)
@@ -99,6 +113,18 @@ def idle_gpus(
         since = busy_until if busy_until is not None else gpu.first_seen
         if now - since < min_span:
             continue
-        out.append(IdleGpu(gpu, since, idle_s, held_s, latest[gpu.pk].state, latest[gpu.pk]))
+        listed.append((gpu, since, idle_s, held_s))
+    if not listed:
+        return []
+    instances = {item[0].instance.pk: item[0].instance for item in listed}
+    pieces = read_pieces(session, instances.values(), now, since=min(item[1] for item in listed))
+    now_prices = {pk: price_at(inst, pieces.get(pk, ()), now) for pk, inst in instances.items()}
+    out = []
+    for gpu, since, idle_s, held_s in listed:
+        rate, sources = mean_price(gpu.instance, pieces.get(gpu.instance.pk, ()), since, now)
+        burned = None if rate is None else rate * idle_s / 3600
+        price = now_prices[gpu.instance.pk]
+        sample = latest[gpu.pk]
+        out.append(IdleGpu(gpu, since, idle_s, held_s, sample.state, sample, price, burned, tuple(sources)))
     out.sort(key=lambda g: (g.since, -(g.burned_usd or 0.0)))
     return out

@@ -1,11 +1,17 @@
-"""MIG: each MIG-mode GPU with its live slices and free capacity, and the slices that are under-used."""
+"""MIG: each MIG-mode GPU with its live slices and free capacity, and the slices that are under-used.
+
+What the free capacity costs per hour is at its instance's price now (app/analyse/price_now.py); what a slice cost
+over the window is at the prices in force hour by hour (app/analyse/priced.py).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .figures import SLICE, Unit
-from .fleet import GpuInfo, SliceInfo, free_slices
+from .fleet import Fleet, GpuInfo, InstanceInfo, SliceInfo, free_slices
+from .price_now import PriceNow, price_of
 from .states import OFFLINE, UNPARTITIONED
 from .waste import WasteAnalysis
 
@@ -34,6 +40,8 @@ class MigGpuView:
     capacity: Unit | None
     """The GPU's unpartitioned capacity over the window (and its offline time)."""
     offline: bool
+    price: PriceNow
+    """Its instance's price now."""
     history: list[Unit] = field(default_factory=list)
     """Slices retired during the window."""
 
@@ -44,8 +52,28 @@ class MigGpuView:
 
     @property
     def free_usd_per_hour(self) -> float | None:
-        rate = self.gpu.instance.price.usd_per_gpu_hour
+        """What its free capacity costs per hour at the price now, USD/h; None without a price or a known layout."""
+        rate = self.price.usd_per_gpu_hour
         return None if rate is None or self.free_slices is None else rate * self.free_slices / 7
+
+
+def window_usd_per_gpu_hour(unit: Unit) -> float | None:
+    """What a slice's hours with data cost on average over the window, USD per GPU-hour: its instance's own
+    price, or, for a unit priced piece by piece (`sources` set), its cost over its GPU-hours, so that hours with
+    no price are left out of the money as they are of its cost; None where none of it is priced. (A slice has
+    no offline time of its own, so all of its cost is for hours with data.)"""
+    f = unit.figures()
+    if unit.sources is None or f.gpu_hours <= 0:
+        return unit.usd_per_gpu_hour
+    if f.gpu_hours - f.unpriced_gpu_hours <= 1e-12:
+        return None
+    return f.cost / f.gpu_hours
+
+
+def unit_priced(unit: Unit) -> bool:
+    """Whether any of the unit's money over the window is known: it has a price of its own, or a price piece
+    priced some of it."""
+    return unit.usd_per_gpu_hour is not None or bool(unit.sources)
 
 
 def underuse_reason(unit: Unit, underused_util_pct: float) -> str:
@@ -60,8 +88,17 @@ def underuse_reason(unit: Unit, underused_util_pct: float) -> str:
     return ""
 
 
-def mig_gpus(analysis: WasteAnalysis, states: dict[int, str]) -> list[MigGpuView]:
-    """Every GPU in MIG mode now, or with slices in the window, ordered by instance and index."""
+def mig_instances(fleet: Fleet) -> list[InstanceInfo]:
+    """The instances with a GPU that `mig_gpus` lists: in MIG mode now, or with slices."""
+    out = {g.instance.pk: g.instance for g in fleet.gpus.values() if g.mig_mode or fleet.slices_by_gpu.get(g.pk)}
+    return list(out.values())
+
+
+def mig_gpus(
+    analysis: WasteAnalysis, states: dict[int, str], prices: Mapping[int, PriceNow] | None = None
+) -> list[MigGpuView]:
+    """Every GPU in MIG mode now, or with slices in the window, ordered by instance and index; `prices` are the
+    instances' prices now by pk (app/analyse/price_now.py, `prices_now`), their own prices where it has none."""
     fleet = analysis.fleet
     slice_units = {u.slice.pk: u for u in analysis.units if u.kind == SLICE and u.slice is not None}
     capacity = {u.gpu.pk: u for u in analysis.units if u.kind == UNPARTITIONED}
@@ -81,7 +118,8 @@ def mig_gpus(analysis: WasteAnalysis, states: dict[int, str]) -> list[MigGpuView
             slots.append(SlotView(sl, unit, state, bool(reason), reason))
         free = free_slices(gpu, live)
         history = [slice_units[s.pk] for s in slices if s.retired_at is not None and s.pk in slice_units]
-        views.append(MigGpuView(gpu, slots, free, capacity.get(gpu.pk), offline, history))
+        price = price_of(gpu.instance, prices)
+        views.append(MigGpuView(gpu, slots, free, capacity.get(gpu.pk), offline, price, history))
     views.sort(key=lambda v: (v.gpu.instance.name, v.gpu.gpu_index))
     return views
 
@@ -90,6 +128,8 @@ def mig_gpus(analysis: WasteAnalysis, states: dict[int, str]) -> list[MigGpuView
 class UnderusedSlice:
     slot: SlotView
     gpu: GpuInfo
+    price: PriceNow
+    """Its instance's price now."""
 
     @property
     def unit(self) -> Unit:
@@ -98,14 +138,21 @@ class UnderusedSlice:
 
     @property
     def no_process_cost(self) -> float | None:
-        """Cost of the slice's hours with no process at all, USD (priced even where utilization is unknown,
-        since a slice with no process cannot be working)."""
-        rate = self.unit.usd_per_hour
-        return None if rate is None else rate * self.unit.no_proc_s / 3600
+        """Cost of the slice's hours with no process at all, USD, at its mean price over the window
+        (`window_usd_per_gpu_hour`); priced even where utilization is unknown, since a slice with no process
+        cannot be working. None without a price or a known size."""
+        rate = window_usd_per_gpu_hour(self.unit)
+        return None if rate is None or not self.unit.sized else rate * self.unit.figures().no_proc_h
+
+    @property
+    def usd_per_hour(self) -> float | None:
+        """What the slice costs per hour at the price now, USD/h; None without a price or a known size."""
+        rate, weight = self.price.usd_per_gpu_hour, self.unit.weight
+        return None if rate is None or weight is None else rate * weight
 
 
 def underused_slices(views: list[MigGpuView]) -> list[UnderusedSlice]:
-    out = [UnderusedSlice(slot, v.gpu) for v in views for slot in v.slots if slot.underused and slot.unit]
+    out = [UnderusedSlice(slot, v.gpu, v.price) for v in views for slot in v.slots if slot.underused and slot.unit]
     out.sort(key=lambda s: -(s.unit.figures().cost))
     return out
 

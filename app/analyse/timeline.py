@@ -14,6 +14,12 @@ fleet). Either way, summed over its buckets a timeline gives the figures of the 
 Hourly buckets read hourly rollups. Daily buckets read the daily rollups for the days wholly inside the span
 and the hours of the partial days at its edges; a span that reaches now reads today's daily row whole, as it
 holds only what has arrived so far (as `Window.rollup_reads` does).
+
+Every hour is priced at the price in force then (app/analyse/series_prices.py): the instance's price piece (the
+imported bill, spot price history) where one covers the hour, else its own price. A day of an instance cut by a
+piece boundary is read hour by hour, so a daily bucket is the sum of its hours at their prices. Offline time in a
+paid-offline piece (Capacity Block or Reservation) costs its price and counts as idle, as in the window analysis,
+which differs in pricing only where it keeps an instance whose GPU changed MIG mode at its own price throughout.
 """
 
 from __future__ import annotations
@@ -25,8 +31,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from ..billing.prices import PricePiece
 from ..db import fetch_binary
 from .device_series import (
+    DAILY,
     SUMS,
     TIMELINE_SQL,
     Span,
@@ -38,6 +46,7 @@ from .device_series import (
 )
 from .fleet import Fleet
 from .instance_series import instance_params, instance_rows, timeline_sql, totals_sql
+from .series_prices import PaidSpan, load_pieces, paid_spans, series_prices, spread
 from .states import ACTIVE, IDLE, IDLE_HELD, OFFLINE, UNKNOWN, UNPARTITIONED, Thresholds
 from .window import DAY, HOUR, Window, floor_day, floor_hour
 
@@ -169,12 +178,15 @@ def timeline(
     step: timedelta,
     thresholds: Thresholds,
     row_of: Mapping[int, str] | None = None,
+    pieces: Mapping[int, list[PricePiece]] | None = None,
 ) -> Timeline:
-    """Figures per row and bucket of [start, end) (UTC hours; `step` HOUR or DAY), in one query.
+    """Figures per row and bucket of [start, end) (UTC hours; `step` HOUR or DAY), in one query, each hour at the
+    price in force then.
 
     `row_of` maps GPU pks to row keys (a GPU's slices and its unpartitioned capacity go with it); GPUs not in
-    it are left out, and every key in it gets a row. None: one row "" for the whole fleet. ValueError for an
-    idle threshold with no rollup bound, a step other than an hour or a day, or a start off the hour.
+    it are left out, and every key in it gets a row. None: one row "" for the whole fleet. `pieces`: the price
+    pieces by instance pk (`series_prices.load_pieces` over a span holding this one); None reads them. ValueError
+    for an idle threshold with no rollup bound, a step other than an hour or a day, or a start off the hour.
     """
     bound = check_bound(thresholds)
     if step not in (HOUR, DAY):
@@ -186,95 +198,141 @@ def timeline(
     row_index = None if row_of is None else {pk: index[k] for pk, k in row_of.items()}
     starts = _bucket_starts(start, end, step)
     found: list[list[BucketFigures | None]] = [[None] * len(starts) for _ in keys]
+    covered_paid: dict[tuple[int, int], float] = {}
     rs = reads(start, end, now, step)
     kinds = tuple(r[0] for r in rs)
+    daily = [(a, b) for kind, a, b in rs if kind == DAILY]
     whole = instance_rows(fleet, row_index)
     at = {t: i for i, t in enumerate(starts)}
+    gpu_rows = {
+        g.pk: r for g in fleet.gpus.values() if (r := 0 if row_index is None else row_index.get(g.pk)) is not None
+    }
+    pks = set(whole) if whole is not None else {fleet.gpus[pk].instance.pk for pk in gpu_rows}
+    if pieces is None:
+        pieces = load_pieces(session, fleet, start, end, pks) if pks and starts else {}
+    lo, hi = (rs[0][1], rs[-1][2]) if rs else (start, start)
+    prices = series_prices(fleet, pieces, pks, start=lo, end=hi, daily=daily)
     if whole is not None:
         # Rows of whole instances: the per-instance rollups.
         params, spans = instance_params(fleet, whole, start=start, end=end, now=now)
         if params["pk"] and starts:
-            sql = timeline_sql(bound, kinds, len(params["pk"]) <= FILTER_INSTANCES_UP_TO)
-            for r, b, *values in fetch_binary(session, sql, params | read_params(rs)):
-                found[r][at[b]] = BucketFigures(*values)
+            sql = timeline_sql(bound, kinds, len(params["pk"]) <= FILTER_INSTANCES_UP_TO, prices.priced)
+            rows = fetch_binary(session, sql, params | read_params(rs) | prices.params())
+        else:
+            rows = []
     else:
         params, spans = device_arrays(fleet, start=start, end=end, now=now, row_of=row_index)
         if params["ids"] and starts:
-            sql = grouped_sql(bound, kinds, tuple(SUMS), TIMELINE_SQL)
-            for r, b, *values in fetch_binary(session, sql, params | read_params(rs)):
-                found[r][at[b]] = BucketFigures(*values)
-    rows = _with_offline(found, spans, starts[0] if starts else start, step)
-    return Timeline(starts=starts, step=step, rows=dict(zip(keys, rows, strict=True)), start=start, end=end)
+            sql = grouped_sql(bound, kinds, tuple(SUMS), TIMELINE_SQL, prices.priced)
+            rows = fetch_binary(session, sql, params | read_params(rs) | prices.params())
+        else:
+            rows = []
+    for r, b, *values, paid_usd in rows:
+        found[r][at[b]] = BucketFigures(*values)
+        if paid_usd:
+            covered_paid[r, at[b]] = paid_usd
+    more, paid = paid_spans(fleet, prices, gpu_rows, start=start, end=end, now=now)
+    cells = _with_offline(found, [*spans, *more], starts[0] if starts else start, step, paid, covered_paid)
+    return Timeline(starts=starts, step=step, rows=dict(zip(keys, cells, strict=True)), start=start, end=end)
 
 
-def window_totals(session: Session, fleet: Fleet, window: Window, *, thresholds: Thresholds) -> BucketFigures:
+def window_totals(
+    session: Session,
+    fleet: Fleet,
+    window: Window,
+    *,
+    thresholds: Thresholds,
+    pieces: Mapping[int, list[PricePiece]] | None = None,
+) -> BucketFigures:
     """The timeline's figures of the whole fleet summed over `window`, for comparing with a previous window."""
-    return row_totals(session, fleet, window, thresholds=thresholds, rows={pk: 0 for pk in fleet.instances}).get(
-        0, BucketFigures()
-    )
+    rows = {pk: 0 for pk in fleet.instances}
+    return row_totals(session, fleet, window, thresholds=thresholds, rows=rows, pieces=pieces).get(0, BucketFigures())
 
 
 def row_totals(
-    session: Session, fleet: Fleet, window: Window, *, thresholds: Thresholds, rows: Mapping[int, int]
+    session: Session,
+    fleet: Fleet,
+    window: Window,
+    *,
+    thresholds: Thresholds,
+    rows: Mapping[int, int],
+    pieces: Mapping[int, list[PricePiece]] | None = None,
 ) -> dict[int, BucketFigures]:
     """The timeline's figures summed over `window` per row of whole instances (`rows`: instance pk -> row index),
     read as the window analysis reads it: whole days from the daily per-instance rollups, the hours around them
-    added or taken away, a few rows per instance. Rows whose instances have no GPU in the window are absent.
-    ValueError for an idle threshold with no rollup bound."""
+    added or taken away, a few rows per instance, each hour at the price in force then (the days a price piece
+    cuts read hour by hour). `pieces` as for `timeline`. Rows whose instances have no GPU in the window are
+    absent. ValueError for an idle threshold with no rollup bound."""
     bound = check_bound(thresholds)
     params, spans = instance_params(fleet, rows, start=window.start, end=window.end, now=window.now)
-    expected_s: dict[int, float] = {}
-    for r, lo, hi in spans:
-        expected_s[r] = expected_s.get(r, 0.0) + (hi - lo).total_seconds()
     window_reads = window.rollup_reads()
+    if pieces is None:
+        pieces = load_pieces(session, fleet, window.start, window.end, rows.keys()) if spans else {}
+    daily = [(read.start, read.end) for read in window_reads if read.table == DAILY]
+    lo = min((read.start for read in window_reads), default=window.start)
+    hi = max((read.end for read in window_reads), default=window.start)
+    prices = series_prices(fleet, pieces, rows.keys(), start=lo, end=hi, daily=daily)
+    gpu_rows = {g.pk: r for g in fleet.gpus.values() if (r := rows.get(g.instance.pk)) is not None}
+    more, paid = paid_spans(fleet, prices, gpu_rows, start=window.start, end=window.end, now=window.now)
+    expected_s: dict[int, float] = {}
+    for r, a, b in [*spans, *more]:
+        expected_s[r] = expected_s.get(r, 0.0) + (b - a).total_seconds()
+    paid_usd: dict[int, float] = {}
+    for r, a, b, usd_per_s in paid:
+        paid_usd[r] = paid_usd.get(r, 0.0) + (b - a).total_seconds() * usd_per_s
     found: dict[int, BucketFigures] = {}
     if params["pk"] and window_reads:
-        binds: dict[str, Any] = dict(params)
+        binds: dict[str, Any] = dict(params) | prices.params()
         for n, read in enumerate(window_reads):
             binds[f"t{n}a"], binds[f"t{n}b"] = read.start, read.end
-        sql = totals_sql(bound, tuple((read.table, read.sign) for read in window_reads))
-        found = {r: BucketFigures(*values) for r, *values in fetch_binary(session, sql, binds)}
+        sql = totals_sql(bound, tuple((read.table, read.sign) for read in window_reads), prices.priced)
+        for r, *values, covered_usd in fetch_binary(session, sql, binds):
+            found[r] = BucketFigures(*values)
+            paid_usd[r] = paid_usd.get(r, 0.0) - covered_usd
     out = {}
     for r, seconds in expected_s.items():
         figures = found.get(r) or BucketFigures()
         figures.offline_h = max(0.0, figures.offline_h + seconds / 3600)
+        offline_usd = max(0.0, paid_usd.get(r, 0.0))
+        figures.cost += offline_usd
+        figures.idle_cost += offline_usd
         out[r] = figures
     return out
 
 
 def _with_offline(
-    found: list[list[BucketFigures | None]], spans: Iterable[Span], t0: datetime, step: timedelta
+    found: list[list[BucketFigures | None]],
+    spans: Iterable[Span],
+    t0: datetime,
+    step: timedelta,
+    paid: Iterable[PaidSpan] = (),
+    covered_paid: Mapping[tuple[int, int], float] | None = None,
 ) -> list[list[BucketFigures]]:
     """Every bucket's figures (zeros where none were found) with its offline hours: the seconds each GPU was
-    expected to report in it less those it covered (`offline_h` holds minus those), floored at 0. Each GPU's
-    span adds its partial first and last buckets and marks its whole ones in a difference array, so the cost is
-    GPUs + rows x buckets, never GPUs x buckets."""
-    step_s = step.total_seconds()
+    expected to report in it less those it covered (`offline_h` holds minus those), floored at 0; and the cost of
+    offline time in paid capacity: its GPUs' expected time there at its price (`paid`) less their covered time
+    there (`covered_paid`, USD by (row, bucket)), floored at 0, added to cost and idle cost. The cost is spans +
+    rows x buckets, never GPUs x buckets (`series_prices.spread`)."""
     n = len(found[0]) if found else 0
-    marks: dict[int, tuple[list[int], list[float]]] = {}
-    for r, lo, hi in spans:
-        whole, part = marks.setdefault(r, ([0] * (n + 1), [0.0] * (n + 1)))
-        a, b = (lo - t0).total_seconds(), (hi - t0).total_seconds()
-        i, j = int(a // step_s), int(b // step_s)
-        if i == j:
-            part[i] += b - a
-            continue
-        part[i] += (i + 1) * step_s - a
-        whole[i + 1] += 1
-        whole[j] -= 1
-        part[j] += b - j * step_s
+    expected = spread(((r, lo, hi, 1.0) for r, lo, hi in spans), t0, step, n)
+    paid_usd = spread(paid, t0, step, n)
+    covered_paid = covered_paid or {}
+    zeros = [0.0] * n
     out = []
     for r, row in enumerate(found):
-        whole, part = marks.get(r, ([0] * (n + 1), [0.0] * (n + 1)))
-        running = 0
+        seconds = expected.get(r, zeros)
+        usd = paid_usd.get(r)
         cells = []
         for k, f in enumerate(row):
-            running += whole[k]
-            expected_h = (part[k] + running * step_s) / 3600
+            expected_h = seconds[k] / 3600
             if f is None:
                 f = BucketFigures(offline_h=expected_h)
             else:
                 f.offline_h = max(0.0, f.offline_h + expected_h)
+            if usd is not None:
+                offline_usd = max(0.0, usd[k] - covered_paid.get((r, k), 0.0))
+                f.cost += offline_usd
+                f.idle_cost += offline_usd
             cells.append(f)
         out.append(cells)
     return out

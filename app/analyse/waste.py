@@ -19,7 +19,7 @@ from .fleet import Fleet
 from .grouping import GroupRow, by_value, group_rows, instance_group, per_instance, summarise
 from .holder_groups import HeldValues, held_values
 from .holders import Part, held_usage, holder_columns, split_units
-from .priced import billed_until, instance_pieces, priced_units
+from .priced import billed_until, instance_pieces, pieces_in_use, price_deltas, priced_units
 from .states import Thresholds
 from .usage import hourly_split, window_usage
 from .window import Window
@@ -103,7 +103,7 @@ def analyse_waste(
         if device_id in fleet.gpus:
             changes.setdefault(device_id, []).append((at, bool(details.get("mig_mode"))))
     split = hourly_split(session, window, list(changes), idle_util_pct=thresholds.idle_util_pct, mode_at=changes)
-    pieces = instance_pieces(session, fleet, window)
+    pieces = pieces_in_use(fleet, instance_pieces(session, fleet, window), split)
     units = priced_units(session, fleet, usage, window, split, pieces, idle_util_pct=thresholds.idle_util_pct)
     instances = per_instance(units)
     parts = None
@@ -111,10 +111,13 @@ def analyse_waste(
     single = None if holder_groups is None else by_value(holder_groups)
     if by_holder and holder_groups is not None and single is not None:
         groups = [
-            (pk, inst.price.usd_per_gpu_hour, instance_group(holder_groups, inst))
+            (pk, inst.price.usd_per_gpu_hour, instance_group(holder_groups, inst), inst.price.kind)
             for pk, inst in fleet.instances.items()
         ]
-        sums = held_values(session, window, single, idle_util_pct=thresholds.idle_util_pct, instances=groups)
+        deltas = price_deltas(fleet, pieces, window)
+        sums = held_values(
+            session, window, single, idle_util_pct=thresholds.idle_util_pct, instances=groups, deltas=deltas
+        )
         values = HeldValues(single, tuple(holder_groups), sums)
     elif by_holder:
         columns = None if holder_groups is None else holder_columns(holder_groups)

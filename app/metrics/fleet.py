@@ -1,9 +1,10 @@
 """The fleet now, as Prometheus gauges, read from PostgreSQL at scrape time.
 
 The figures come from the same analysis functions as the dashboard overview (`load_fleet`,
-`latest_samples`, `current_state`, `gpu_equivalents_now`, `idle_gpus`), so /metrics and the pages agree.
-A scrape reads the inventory and one `device_status` row per device: a few queries, however long the
-history. Every label has a bounded set of values; instance types are capped at `MAX_INSTANCE_TYPES`.
+`latest_samples`, `current_state`, `gpu_equivalents_now`, `idle_gpus`, `prices_now`), so /metrics and the pages
+agree: dollars per hour are at each instance's price now (app/analyse/price_now.py). A scrape reads the inventory,
+one `device_status` row per device and the price pieces of the instances with something idle: a few queries,
+however long the history. Every label has a bounded set of values; instance types are capped at `MAX_INSTANCE_TYPES`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from sqlalchemy.orm import Session
 from ..analyse.fleet import GONE, OFFLINE, ONLINE, Fleet, GpuInfo, free_slices, load_fleet
 from ..analyse.idle import idle_gpus
 from ..analyse.now import current_state, gpu_equivalents_now, latest_samples
+from ..analyse.price_now import prices_now
 from ..analyse.states import IDLE, IDLE_HELD, STATES, UNPARTITIONED, Thresholds
 from ..analyse.window import Filters
 from ..pricing.resolve import Pricer
@@ -69,9 +71,10 @@ class FleetFigures:
     idle_gpus: int
     """Passthrough GPUs idle for at least `idle_min_hours`: the overview's "Idle GPUs now"."""
     idle_gpus_usd_per_hour: float
-    """What those cost, USD/h (priced ones only)."""
+    """What those cost at the price now, USD/h (priced ones only)."""
     waste_usd_per_hour: dict[tuple[str, str], float]
-    """Price per hour of what is idle, idle-held or unpartitioned now, by (instance type label, state), USD/h."""
+    """Price now per hour of what is idle, idle-held or unpartitioned now, by (instance type label, state),
+    USD/h."""
     unpriced_idle_gpu_equivalents: float
     """GPU equivalents idle, idle-held or unpartitioned now that have no price (left out of the dollars)."""
 
@@ -145,8 +148,10 @@ def fleet_figures(
 
     waste: dict[tuple[str, str], float] = {}
     unpriced = 0.0
-    for gpu, state, share in idle_shares(fleet, states):
-        rate = gpu.instance.price.usd_per_gpu_hour
+    shares = list(idle_shares(fleet, states))
+    prices = prices_now(session, {gpu.instance.pk: gpu.instance for gpu, _s, _f in shares}.values(), now)
+    for gpu, state, share in shares:
+        rate = prices[gpu.instance.pk].usd_per_gpu_hour
         if rate is None:
             unpriced += share
             continue

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import BigInteger, Column, Float, PrimaryKeyConstraint, Table, Text, text
+from sqlalchemy import BigInteger, Column, Float, Index, PrimaryKeyConstraint, Table, Text, text
 
 from ..models import TZ, UTIL_BOUNDS, Base
 
@@ -63,6 +63,20 @@ holder_groups_daily = Table(
     *holder_group_columns("day", "Start of the UTC day."),
     PrimaryKeyConstraint("grouping", "day", "instance_pk", "key"),
     postgresql_with={"fillfactor": 70},
+)
+# By instance too: a grouping by holder reads the hours of each price piece of an instance
+# (app/analyse/holder_groups.py).
+Index(
+    "ix_holder_groups_hourly_instance",
+    holder_groups_hourly.c.grouping,
+    holder_groups_hourly.c.instance_pk,
+    holder_groups_hourly.c.hour,
+)
+Index(
+    "ix_holder_groups_daily_instance",
+    holder_groups_daily.c.grouping,
+    holder_groups_daily.c.instance_pk,
+    holder_groups_daily.c.day,
 )
 
 # Each holder's value in each grouping, as app/analyse/holders.py names them: (grouping, key, label). A user the

@@ -19,6 +19,7 @@ LIBRARIES = frozenset(
         "database",
         "fleet",
         "fleet_db",
+        "fleet_bill",
         "fleet_load",
         "fleet_samples",
         "harness",

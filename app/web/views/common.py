@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from ...analyse.figures import Figures
 from ...analyse.fleet import InstanceInfo
+from ...analyse.price_now import PriceNow, own_price
 from ...analyse.states import Thresholds
 from ...analyse.window import Filters, Window
 
@@ -175,11 +176,20 @@ class InstanceRef:
     last_seen: datetime
     tags: dict[str, str]
     usd_per_instance_hour: float | None
+    """Its price, USD/h for the whole instance: the price now where the page gives it
+    (app/analyse/price_now.py), else its own price (agent, price file, catalog)."""
     usd_per_gpu_hour: float | None
+    """The same price, USD per GPU-hour; None without one."""
     price_source: str
+    """Where that price came from, in words ("billed", "spot history", "catalog on-demand", ...), or why there
+    is none."""
+    price_kind: str | None = None
+    """Its kind: billed, spot history, agent, price file or catalog; None without a price."""
 
     @classmethod
-    def of(cls, i: InstanceInfo) -> InstanceRef:
+    def of(cls, i: InstanceInfo, price: PriceNow | None = None) -> InstanceRef:
+        """The instance, with `price` (its price now) as its price, else its own price."""
+        p = own_price(i) if price is None else price
         return cls(
             i.instance_id,
             i.name,
@@ -190,9 +200,10 @@ class InstanceRef:
             i.status,
             i.last_seen,
             i.tags,
-            i.price.usd_per_instance_hour,
-            i.price.usd_per_gpu_hour,
-            i.price.source,
+            p.usd_per_instance_hour,
+            p.usd_per_gpu_hour,
+            p.detail,
+            p.source,
         )
 
     @property

@@ -10,7 +10,7 @@ and hour, up to 8 for a GPU in MIG mode), so GPU rows come fewer to a page (GPU_
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from urllib.parse import quote, urlencode
@@ -18,10 +18,12 @@ from urllib.parse import quote, urlencode
 from ...analyse.figures import Figures
 from ...analyse.fleet import Fleet
 from ...analyse.grouping import instance_key
+from ...analyse.series_prices import load_pieces
 from ...analyse.states import ACTIVE, IDLE, IDLE_HELD, OFFLINE, UNKNOWN, UNPARTITIONED
 from ...analyse.timeline import BucketFigures, bucket_step, row_totals, timeline
 from ...analyse.waste import analyse_waste
 from ...analyse.window import PRESETS
+from ...billing.prices import PricePiece
 from ...params import PageQuery
 from .common import Choice, FilterView, PagerView, WindowView, paginate
 from .inputs import PageInputs
@@ -208,9 +210,9 @@ def _gpu_rows(p: PageInputs, fleet: Fleet) -> list[_Ranked]:
     return out
 
 
-def _instance_rows(p: PageInputs, fleet: Fleet) -> list[_Ranked]:
-    """A row per instance or tag value, its figures from the per-instance rollups (as its cells): no window
-    analysis device by device."""
+def _instance_rows(p: PageInputs, fleet: Fleet, pieces: Mapping[int, list[PricePiece]]) -> list[_Ranked]:
+    """A row per instance or tag value, its figures from the per-instance rollups (as its cells), each hour at its
+    price (`pieces`, by instance pk): no window analysis device by device."""
     q = p.query
     key_of = instance_key(q.rows)
     assert key_of is not None
@@ -223,7 +225,7 @@ def _instance_rows(p: PageInputs, fleet: Fleet) -> list[_Ranked]:
             index[key] = len(labels)
             labels.append(label)
         row_of_instance[inst.pk] = index[key]
-    totals = row_totals(p.session, fleet, q.window, thresholds=p.thresholds, rows=row_of_instance)
+    totals = row_totals(p.session, fleet, q.window, thresholds=p.thresholds, rows=row_of_instance, pieces=pieces)
     keys = list(index)
     gpus: dict[int, list[int]] = {}
     for gpu in fleet.gpus.values():
@@ -243,14 +245,17 @@ def _instance_rows(p: PageInputs, fleet: Fleet) -> list[_Ranked]:
 def build_heatmap(p: PageInputs) -> HeatmapView:
     q, window = p.query, p.query.window
     fleet = p.fleet()
-    ranked = _rank(_gpu_rows(p, fleet) if q.rows == "gpu" else _instance_rows(p, fleet))
+    # Rows of instances or tag values: their totals and cells at each hour's price, the pieces read once. A page of
+    # GPU rows reads the pieces of its own instances only.
+    pieces = None if q.rows == "gpu" else load_pieces(p.session, fleet, window.start, window.end)
+    ranked = _rank(_gpu_rows(p, fleet) if pieces is None else _instance_rows(p, fleet, pieces))
     per_page = GPU_ROWS_PER_PAGE if q.rows == "gpu" else ROWS_PER_PAGE
     shown, pager = paginate(ranked, q.page, per_page)
     row_of = {gpu_pk: row.key for row in shown for gpu_pk in row.gpus}
     step = bucket_step(window.span)
     tl = timeline(
         p.session, fleet, start=window.start, end=window.end, now=p.now, step=step, thresholds=p.thresholds,
-        row_of=row_of,
+        row_of=row_of, pieces=pieces,
     )  # fmt: skip
     rows = [
         HeatRow(row.key, row.label, row.href, row.figures, heat_spans(tl.rows[row.key]) if row.key in tl.rows else [])

@@ -42,10 +42,15 @@ class IdleRow:
     procs: int | None
     """Compute processes now."""
     usd_per_hour: float | None
+    """Its price now, USD/h (USD per GPU-hour: it is one GPU); None without one."""
+    price_source: str | None
+    """The kind of its price now: billed, spot history, agent, price file or catalog; None without a price."""
     burned_usd: float | None
-    """Cost of the stretch so far, USD; None without a price."""
+    """Cost of the stretch so far, USD, at the prices in force hour by hour; None without a price."""
+    burned_sources: list[str]
+    """The kinds of price in `burned_usd`, largest share first."""
     usd_per_day: float | None
-    """Cost per day while it stays idle, USD/day."""
+    """Cost per day at the price now while it stays idle, USD/day."""
     holders: list[HolderView]
     """Who holds it now: the processes of its newest sample (an idle-held GPU has some)."""
 
@@ -60,11 +65,11 @@ class IdleView:
     count: int
     """Idle GPUs matching the filters (every page of the table)."""
     burned_usd: float
-    """Their cost since each went idle, USD (priced GPUs)."""
+    """Their cost since each went idle, USD (priced GPUs), at the prices in force hour by hour."""
     usd_per_day: float
-    """What they cost per day while they stay idle, USD/day."""
+    """What they cost per day at the price now while they stay idle, USD/day."""
     unpriced: int
-    """Idle GPUs with no price, left out of the dollar figures."""
+    """Idle GPUs with no price now, left out of the dollar figures."""
     rows: list[IdleRow]
     pager: PagerView
     sorting: Sorting
@@ -84,7 +89,7 @@ _COLUMNS: dict[str, Callable[[IdleGpu], Any]] = {
 def _row(g: IdleGpu, holders: dict[int, list[HolderView]]) -> IdleRow:
     latest = g.latest
     return IdleRow(
-        InstanceRef.of(g.gpu.instance),
+        InstanceRef.of(g.gpu.instance, g.price),
         g.gpu.gpu_index,
         g.gpu.name,
         g.gpu.uuid,
@@ -95,7 +100,9 @@ def _row(g: IdleGpu, holders: dict[int, list[HolderView]]) -> IdleRow:
         latest.mem_used_mib if latest else None,
         latest.procs if latest else None,
         g.usd_per_hour,
+        g.price_source,
         g.burned_usd,
+        list(g.burned_sources),
         g.usd_per_day,
         holders.get(g.gpu.pk, []),
     )

@@ -10,6 +10,7 @@ from ...analyse.device_states import hourly_states
 from ...analyse.figures import GPU, SLICE, Unit
 from ...analyse.fleet import GpuInfo, SliceInfo, free_slices
 from ...analyse.now import Latest, current_state, latest_samples
+from ...analyse.price_now import prices_now
 from ...analyse.series import DevicePoints, device_series, series_step
 from ...analyse.waste import analyse_waste
 from ...sources import SOURCE_NAMES
@@ -219,7 +220,7 @@ def build_instance(p: PageInputs, instance_id: str) -> InstanceView:
         missing=False,
         no_agents=False,
         instance=InstanceDetail(
-            InstanceRef.of(inst),
+            InstanceRef.of(inst, prices_now(session, [inst], p.now)[inst.pk]),
             inst.hostname,
             inst.gpu_model,
             inst.agent_version,

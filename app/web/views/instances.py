@@ -9,6 +9,7 @@ from typing import Any
 
 from ...analyse.figures import Figures
 from ...analyse.fleet import InstanceInfo
+from ...analyse.price_now import PriceNow, prices_now
 from ...analyse.waste import analyse_waste
 from .common import FiguresView, FilterView, InstanceRef, PagerView, Sorting, WindowView, paginate, sort_rows
 from .inputs import PageInputs
@@ -49,6 +50,7 @@ class _Row:
     mig_gpus: int
     refused: bool
     figures: Figures | None
+    price: PriceNow
 
 
 _COLUMNS: dict[str, Callable[[_Row], Any]] = {
@@ -57,7 +59,7 @@ _COLUMNS: dict[str, Callable[[_Row], Any]] = {
     "region": lambda r: r.instance.region,
     "gpus": lambda r: r.gpus,
     "last_seen": lambda r: r.instance.last_seen,
-    "price": lambda r: r.instance.price.usd_per_instance_hour,
+    "price": lambda r: r.price.usd_per_instance_hour,
     "cost": lambda r: r.figures.cost if r.figures else None,
     "waste": lambda r: r.figures.waste if r.figures else None,
     "util": lambda r: r.figures.avg_util if r.figures else None,
@@ -66,7 +68,7 @@ _COLUMNS: dict[str, Callable[[_Row], Any]] = {
 
 def _view(r: _Row) -> InstanceRow:
     figures = FiguresView.of(r.figures) if r.figures is not None else None
-    return InstanceRow(InstanceRef.of(r.instance), r.gpus, r.mig_gpus, r.refused, figures)
+    return InstanceRow(InstanceRef.of(r.instance, r.price), r.gpus, r.mig_gpus, r.refused, figures)
 
 
 def build_instances(p: PageInputs) -> InstancesView:
@@ -83,8 +85,9 @@ def build_instances(p: PageInputs) -> InstancesView:
             mig[g.instance.pk] += 1
         if g.permission_denied:
             refused.add(g.instance.pk)
+    prices = prices_now(p.session, fleet.instances.values(), p.now)
     rows = [
-        _Row(i, gpus[i.pk], mig[i.pk], i.pk in refused, by_instance.get(i.instance_id))
+        _Row(i, gpus[i.pk], mig[i.pk], i.pk in refused, by_instance.get(i.instance_id), prices[i.pk])
         for i in fleet.instances.values()
     ]
     ordered, sort = sort_rows(rows, _COLUMNS, q.sort, q.dir, "waste")

@@ -10,8 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...analyse.fleet import GpuInfo
-from ...analyse.mig import MigGpuView, UnderusedSlice, mig_gpus, underused_slices, unpartitioned
+from ...analyse.mig import (
+    MigGpuView,
+    UnderusedSlice,
+    mig_gpus,
+    mig_instances,
+    underused_slices,
+    unit_priced,
+    unpartitioned,
+)
 from ...analyse.now import current_state, latest_samples
+from ...analyse.price_now import PriceNow, prices_now
 from ...analyse.states import OFFLINE, UNKNOWN, UNPARTITIONED
 from ...analyse.waste import analyse_waste
 from ..charts import MigSlot
@@ -36,8 +45,9 @@ class GpuRef:
     """The model as NVML names it."""
 
     @classmethod
-    def of(cls, gpu: GpuInfo) -> GpuRef:
-        return cls(InstanceRef.of(gpu.instance), gpu.gpu_index, gpu.uuid, gpu.name)
+    def of(cls, gpu: GpuInfo, price: PriceNow) -> GpuRef:
+        """The GPU, its instance with `price` (its price now)."""
+        return cls(InstanceRef.of(gpu.instance, price), gpu.gpu_index, gpu.uuid, gpu.name)
 
 
 @dataclass(frozen=True)
@@ -86,7 +96,7 @@ class MigLayoutView:
     free_unknown: bool
     """The free capacity is unknown (a MIG device the agent could not size)."""
     free_usd_per_hour: float | None
-    """What the free capacity costs, USD/h; None without a price or a known layout."""
+    """What the free capacity costs at the price now, USD/h; None without a price or a known layout."""
     slices: list[MigSliceView]
     slots: list[MigSlotView]
     """The layout drawing's blocks: slices side by side in GPU-instance order, then the free capacity."""
@@ -111,11 +121,12 @@ class UnderusedRow:
     no_process_pct: float
     """Share of its covered time with no compute process, %."""
     cost_usd: float | None
-    """Its cost over the window, USD; None without a price or a known size."""
+    """Its cost over the window at the prices in force hour by hour, USD; None without a price or a known size."""
     no_process_cost_usd: float | None
-    """Cost of its time with no process, USD; None without a price or a known size."""
+    """Cost of its time with no process, USD, at its mean price over the window; None without a price or a known
+    size."""
     usd_per_hour: float | None
-    """What it costs per hour, USD/h."""
+    """What it costs per hour at the price now, USD/h."""
     holders: list[HolderView]
     """Who holds it now."""
 
@@ -128,7 +139,7 @@ class FreeRow:
     free_slices: int
     """Compute slices (of 7) in no slice."""
     usd_per_hour: float | None
-    """What they cost, USD/h."""
+    """What they cost at the price now, USD/h."""
     window_cost_usd: float | None
     """Cost of the GPU's unpartitioned capacity over the window, USD; None without a price."""
 
@@ -156,7 +167,7 @@ class MigView:
     free_unknown_count: int
     """Online GPUs whose free capacity is unknown (not listed, not priced)."""
     free_usd_per_hour: float
-    """What the free capacity now costs, USD/h (priced GPUs)."""
+    """What the free capacity now costs at the price now, USD/h (priced GPUs)."""
     unpartitioned_cost_usd: float
     """Cost of unpartitioned capacity over the window, USD."""
     totals: FiguresView
@@ -212,7 +223,7 @@ def _layout(v: MigGpuView, holders: dict[int, list[HolderView]]) -> MigLayoutVie
         for s in v.slots
     ]
     return MigLayoutView(
-        gpu=GpuRef.of(v.gpu),
+        gpu=GpuRef.of(v.gpu, v.price),
         offline=v.offline,
         free_slices=v.free_slices,
         free_unknown=v.free_unknown,
@@ -225,9 +236,9 @@ def _layout(v: MigGpuView, holders: dict[int, list[HolderView]]) -> MigLayoutVie
 
 def _underused(s: UnderusedSlice, holders: dict[int, list[HolderView]]) -> UnderusedRow:
     unit = s.unit
-    priced = unit.usd_per_hour is not None
+    priced = unit.sized and unit_priced(unit)
     return UnderusedRow(
-        gpu=GpuRef.of(s.gpu),
+        gpu=GpuRef.of(s.gpu, s.price),
         profile=s.slot.slice.profile_label,
         gpu_instance_id=s.slot.slice.gpu_instance_id,
         sized=unit.sized,
@@ -237,16 +248,16 @@ def _underused(s: UnderusedSlice, holders: dict[int, list[HolderView]]) -> Under
         no_process_pct=unit.no_proc_s / unit.covered_s * 100 if unit.covered_s > 0 else 0.0,
         cost_usd=unit.figures().cost if priced else None,
         no_process_cost_usd=s.no_process_cost,
-        usd_per_hour=unit.usd_per_hour,
+        usd_per_hour=s.usd_per_hour,
         holders=holders.get(s.slot.slice.pk, []),
     )
 
 
 def _free(v: MigGpuView) -> FreeRow:
     assert v.free_slices is not None  # unpartitioned() lists only GPUs whose free capacity is known
-    priced = v.gpu.instance.price.known
+    priced = v.capacity is not None and unit_priced(v.capacity)
     cost = v.capacity.figures().unpartitioned_cost if v.capacity is not None and priced else None
-    return FreeRow(GpuRef.of(v.gpu), v.free_slices, v.free_usd_per_hour, cost)
+    return FreeRow(GpuRef.of(v.gpu, v.price), v.free_slices, v.free_usd_per_hour, cost)
 
 
 def build_mig(p: PageInputs) -> MigView:
@@ -254,7 +265,7 @@ def build_mig(p: PageInputs) -> MigView:
     fleet = p.fleet()
     analysis = analyse_waste(p.session, fleet, q.window, p.thresholds)
     latest = latest_samples(p.session, now=p.now, thresholds=p.thresholds)
-    gpus = mig_gpus(analysis, current_state(fleet, latest))
+    gpus = mig_gpus(analysis, current_state(fleet, latest), prices_now(p.session, mig_instances(fleet), p.now))
     free = unpartitioned(gpus)
     underused = underused_slices(gpus)
     shown, pager = paginate(gpus, q.page)

@@ -9,6 +9,7 @@ from datetime import datetime
 from ...analyse.fleet import GONE, OFFLINE, ONLINE, Fleet
 from ...analyse.idle import idle_gpus
 from ...analyse.now import current_state, gpu_equivalents_now, latest_samples
+from ...analyse.series_prices import load_pieces
 from ...analyse.timeline import BucketFigures, Timeline, bucket_step, timeline, window_totals
 from ...analyse.waste import analyse_waste
 from .common import FiguresView, FilterView, GroupView, WindowView
@@ -142,11 +143,12 @@ def build_overview(p: PageInputs) -> OverviewView:
     equivalents = gpu_equivalents_now(fleet, states_now)
     idle = idle_gpus(session, fleet, latest, now=p.now, thresholds=t)
     totals = analysis.totals
-    # The window bucket by bucket; the previous one only as totals (a few rows per instance).
-    tl = timeline(
-        session, fleet, start=window.start, end=window.end, now=p.now, step=bucket_step(window.span), thresholds=t
-    )
-    before = window_totals(session, fleet, previous, thresholds=t)
+    # The window bucket by bucket; the previous one only as totals (a few rows per instance). Both at each hour's
+    # price: the price pieces of the two windows, read once.
+    pieces = load_pieces(session, fleet, previous.start, window.end)
+    step = bucket_step(window.span)
+    tl = timeline(session, fleet, start=window.start, end=window.end, now=p.now, step=step, thresholds=t, pieces=pieces)
+    before = window_totals(session, fleet, previous, thresholds=t, pieces=pieces)
     changes = _changes(tl.total(), before, window.hours, previous.hours)
     units = sorted((u for u in analysis.units if u.figures().waste > 0), key=lambda u: -u.figures().waste)
     status = [i.status for i in fleet.instances.values()]

@@ -3,14 +3,18 @@ and Slurm job, alone and with other groupings, adding up to the same totals as e
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pytest
+from sqlalchemy.orm import Session, sessionmaker
 
 from app.analyse.figures import Figures
 from app.analyse.holders import NO_HOLDER, HeldUsage, HolderInfo, split_units
 from app.analyse.waste import WasteAnalysis
+from app.billing.prices import remake_billed_prices
+from app.db import session_scope
 from tests.app.analyse.conftest import P4D_PER_GPU_HOUR, Analyst, Feeder
+from tests.app.analyse.test_priced import bill
 from tests.feeding import G5_PER_GPU_HOUR, holders_story
 
 
@@ -139,3 +143,26 @@ def test_holders_claiming_more_than_the_unit_are_scaled_down(analyst: Analyst, h
     assert part.figures.idle_held_h == pytest.approx(unit.figures().gpu_hours / 2)
     assert part.figures.unknown_h == pytest.approx(unit.figures().gpu_hours / 2)
     assert part.figures.active_h == 0.0
+
+
+def test_holders_pay_the_price_of_each_hour_they_held(
+    analyst: Analyst, held_fleet: dict[str, datetime], sessions: sessionmaker[Session]
+) -> None:
+    """The p4d billed $16/h in the hour ana's notebook held GPU 0 idle, $32/h in the hour ana and bob's pod shared it:
+    each holder pays the hours it held at their price, whatever grouping goes with it."""
+    start = held_fleet["start"]
+    with session_scope(sessions) as s:
+        bill(s, "i-p4d", "p4d.24xlarge", {start: 16.0, start + timedelta(hours=1): 32.0}, None)
+        remake_billed_prices(s)
+    for names in (["user"], ["instance_type", "user"]):
+        a = analyst.waste(start, held_fleet["end"], by_holder=True, holder_groups=names)
+        assert a.values is not None
+        rows = {r.label.split(" / ")[-1]: r for r in a.group_by(names) if "g5" not in r.label}
+        ana, root, nobody = rows["ana"].figures, rows["root"].figures, rows[NO_HOLDER].figures
+        assert ana.idle_held_cost == pytest.approx(16 / 8)
+        assert ana.cost == pytest.approx(16 / 8 + 0.5 * 32 / 8)
+        assert root.cost == pytest.approx(0.5 * 32 / 8)
+        assert nobody.idle_cost == pytest.approx(16 / 8 + 32 / 8)  # GPU 1, idle both hours
+        assert rows["ana"].source_shares == {"billed": 1.0}
+        total = sum(r.figures.cost for r in a.group_by(names))
+        assert total == pytest.approx(a.totals.cost) and a.totals.cost == pytest.approx(2 * (16 + 32) / 8 + 2 * 1.006)

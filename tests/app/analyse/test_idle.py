@@ -12,6 +12,7 @@ from app.analyse.idle import IdleGpu, idle_gpus
 from app.analyse.now import latest_samples
 from app.analyse.window import Window
 from tests.app.analyse.conftest import P4D_PER_GPU_HOUR, Analyst, Feeder, busy, held, idle
+from tests.app.analyse.test_price_now import bill, spot_history
 from tests.factories import gpu
 
 H = timedelta(hours=1)
@@ -43,6 +44,7 @@ def test_idle_since_the_last_busy_interval(feeder: Feeder, analyst: Analyst, ses
     assert g.idle_hours == pytest.approx(100 / 60)
     assert g.burned_usd == pytest.approx(100 / 60 * P4D_PER_GPU_HOUR)
     assert g.usd_per_day == pytest.approx(24 * P4D_PER_GPU_HOUR)
+    assert g.price_source == "catalog" and g.burned_sources == ("catalog",)
     assert g.state == "idle"
 
 
@@ -97,3 +99,34 @@ def test_no_price_gives_no_dollars(feeder: Feeder, analyst: Analyst, sessions: s
     [g] = idle_list(analyst, sessions, t0 + 2 * H)
     assert g.burned_usd is None and g.usd_per_day is None
     assert g.idle_hours == pytest.approx(2.0)
+
+
+def test_burned_dollars_follow_the_bill_across_a_price_change(
+    feeder: Feeder, analyst: Analyst, sessions: sessionmaker[Session]
+) -> None:
+    t0 = feeder.t0
+    feeder.feed([gpu(0)], start=t0, hours=4, fn=idle, instance_id="i-billed")
+    # Two hours at the catalog price (not billed yet), then two billed at $16/h: $2 per GPU-hour.
+    bill(sessions, "i-billed", [t0 + 2 * H, t0 + 3 * H], 16.0)
+    [g] = idle_list(analyst, sessions, t0 + 4 * H)
+    assert g.idle_hours == pytest.approx(4.0)
+    assert g.burned_usd == pytest.approx(2 * P4D_PER_GPU_HOUR + 2 * 2.0)
+    assert g.burned_sources == ("catalog", "billed")
+    # Now is not billed yet: the newest billed hour stands for it.
+    assert g.usd_per_hour == pytest.approx(2.0) and g.price_source == "billed"
+    assert g.usd_per_day == pytest.approx(48.0)
+
+
+def test_a_spot_gpu_is_priced_at_its_pool_hour_by_hour(
+    feeder: Feeder, analyst: Analyst, sessions: sessionmaker[Session]
+) -> None:
+    t0 = feeder.t0
+    spot = {"instance_type": "g5.xlarge", "lifecycle": "spot", "availability_zone": "us-east-1b"}
+    feeder.feed([gpu(0, name="NVIDIA A10G")], start=t0, hours=3, fn=idle, instance_id="i-spot", **spot)
+    spot_history(sessions, [(t0 - 24 * H, 0.40), (t0 + 1.5 * H, 0.50)])
+    [g] = idle_list(analyst, sessions, t0 + 3 * H)
+    # $0.40, then an hour half at each price, then $0.50; the catalog's $1.006 nowhere.
+    assert g.burned_usd == pytest.approx(0.40 + 0.45 + 0.50)
+    assert g.burned_sources == ("spot history",)
+    assert g.usd_per_hour == pytest.approx(0.50) and g.price_source == "spot history"
+    assert g.usd_per_day == pytest.approx(24 * 0.50)

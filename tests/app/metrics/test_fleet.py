@@ -26,6 +26,7 @@ from app.metrics.fleet import (
     idle_shares,
 )
 from app.pricing.resolve import Pricer
+from tests.app.analyse.test_price_now import bill, spot_history
 from tests.factories import gpu, mig_slice, unsized_slice
 from tests.feeding import P4D_PER_GPU_HOUR, Feeder, SampleFn, busy, held, idle, unknown
 
@@ -178,3 +179,32 @@ def test_capacity_of_unknown_size_is_neither_free_nor_priced(feeder: Feeder, ses
         {"active": 0, "idle-held": 0, "idle": 1, "unknown": 1, "offline": 0, UNPARTITIONED: 0}
     )
     assert f.mig_slices["idle"] == 3  # the unsized slice is still a slice, counted by state
+
+
+def test_dollars_per_hour_are_at_the_price_now(feeder: Feeder, sessions: sessionmaker[Session]) -> None:
+    """Idle GPUs billed at $40/h ($5 per GPU-hour), an idle spot g5 whose pool is at $0.30/h (its catalog price is
+    $1.006/h) and a MIG GPU billed at $56/h with a held 3g slice and 4 compute slices free."""
+    t0 = feeder.t0
+    now = t0 + 2 * H
+    feeder.feed([gpu(0), gpu(1)], start=t0, hours=2, fn=idle, instance_id="i-billed")
+    spot = {"instance_type": "g5.xlarge", "lifecycle": "spot", "availability_zone": "us-east-1b"}
+    feeder.feed([gpu(0, name="NVIDIA A10G")], start=t0, hours=2, fn=idle, instance_id="i-spot", **spot)
+    mig = gpu(0, mig=True, slices=[mig_slice(1, "3g.20gb")], unpartitioned=4)
+    feeder.feed([mig], start=t0, hours=2, fn={mig["uuid"]: idle, mig["slices"][0]["uuid"]: held}, instance_id="i-mig")
+    bill(sessions, "i-billed", [t0, t0 + H, t0 + 2 * H], 40.0)
+    bill(sessions, "i-mig", [t0, t0 + H, t0 + 2 * H], 56.0)
+    spot_history(sessions, [(t0 - 24 * H, 0.30)])
+
+    f = figures(sessions, now)
+    assert f.idle_gpus == 3
+    assert f.idle_gpus_usd_per_hour == pytest.approx(2 * 5.0 + 0.30)
+    assert f.waste_usd_per_hour == pytest.approx(
+        {
+            ("p4d.24xlarge", IDLE): 2 * 5.0,
+            ("g5.xlarge", IDLE): 0.30,
+            ("p4d.24xlarge", IDLE_HELD): 3 / 7 * 7.0,
+            ("p4d.24xlarge", UNPARTITIONED): 4 / 7 * 7.0,
+        }
+    )
+    families = {m.name: m for m in text_string_to_metric_families(_render(f))}
+    assert families["gpufleet_idle_gpus_usd_per_hour"].samples[0].value == pytest.approx(10.30)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
 
-from app.web.templating import usd
+from app.analyse.window import floor_hour
+from app.web.templating import usd, usd_rate
+from tests.app.analyse.test_price_now import bill
 from tests.app.web.views.pages import fragment, get_html, get_json, recent_start
 from tests.factories import gpu
 from tests.feeding import Feeder, busy, held, idle
@@ -84,3 +87,21 @@ def test_idle_json_follows_sort_and_filters(client: TestClient, idle_fleet: None
     view = get_json(client, "/gpus/idle?sort=instance&dir=asc&instance_type=g5.xlarge")
     assert [r["gpu_uuid"] for r in view["rows"]] == ["GPU-a"]
     assert view["filters"]["instance_types"] == ["g5.xlarge"]
+
+
+def test_the_rate_is_the_price_now_with_its_source(
+    client: TestClient, sessions: sessionmaker[Session], idle_fleet: None
+) -> None:
+    hour = floor_hour(datetime.now(UTC))
+    # i-b billed at $40/h ($5 per GPU-hour) over its stretch and the hour in progress; i-a keeps the catalog's.
+    bill(sessions, "i-b", [hour - timedelta(hours=h) for h in range(5)], 40.0)
+    rows = {r["gpu_uuid"]: r for r in get_json(client, "/gpus/idle")["rows"]}
+    b, a = rows["GPU-b"], rows["GPU-a"]
+    assert (b["usd_per_hour"], b["price_source"], b["burned_sources"]) == (pytest.approx(5.0), "billed", ["billed"])
+    assert b["burned_usd"] == pytest.approx(b["idle_hours"] * 5.0)
+    assert b["usd_per_day"] == pytest.approx(120.0)
+    assert b["instance"]["usd_per_gpu_hour"] == pytest.approx(5.0) and b["instance"]["price_kind"] == "billed"
+    assert (a["usd_per_hour"], a["price_source"]) == (pytest.approx(1.006), "catalog")
+    doc = get_html(client, "/gpus/idle")
+    rates = {tr["data-gpu"]: tr.select("td")[-3].get_text(strip=True) for tr in doc.select("#idle-gpus tbody tr")}
+    assert rates == {"GPU-b": usd_rate(5.0) + "billed", "GPU-a": usd_rate(1.006) + "catalog"}

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from bs4 import BeautifulSoup
 from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
 
+from app.analyse.window import floor_hour
 from app.web.templating import DASH, pct, usd, usd_rate
+from tests.app.analyse.test_price_now import bill
 from tests.app.web.views.pages import assert_bad_parameter, get_html, get_json, recent_start
 from tests.factories import gpu, mig_slice
 from tests.feeding import Feeder, busy, idle
@@ -104,3 +108,17 @@ def test_bad_parameter_is_400_naming_it(client: TestClient, engine: Any, query: 
 def test_json_without_agents_says_so(client: TestClient, engine: Any) -> None:
     data = get_json(client, "/instances")
     assert data["no_agents"] is True and data["rows"] == [] and data["count"] == 0
+
+
+def test_the_price_shown_is_the_price_now(client: TestClient, sessions: sessionmaker[Session], fleet: None) -> None:
+    """The busy p4d billed $20/h in the current hour: the list and its page show that, not the catalog's price."""
+    hour = floor_hour(datetime.now(UTC))
+    bill(sessions, "i-busy", [hour - timedelta(hours=1), hour], 20.0)
+    rows = {r["instance"]["instance_id"]: r for r in get_json(client, "/instances")["rows"]}
+    busy_row = rows["i-busy"]["instance"]
+    assert busy_row["usd_per_instance_hour"] == pytest.approx(20.0)
+    assert busy_row["price_source"] == "billed"
+    assert rows["i-forgotten"]["instance"]["price_source"].startswith("catalog")
+    assert_same_figures(get_html(client, "/instances"), get_json(client, "/instances"))
+    page = get_json(client, "/instances/i-busy")
+    assert page["instance"]["ref"]["usd_per_instance_hour"] == pytest.approx(20.0)

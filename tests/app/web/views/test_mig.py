@@ -3,14 +3,17 @@ made from the view's slots and never travels in the JSON."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from bs4 import BeautifulSoup
 from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
 
+from app.analyse.window import floor_hour
 from app.web.templating import DASH, pct, usd, usd_rate
+from tests.app.analyse.test_price_now import bill
 from tests.app.web.views.pages import assert_bad_parameter, get_html, get_json, recent_start
 from tests.factories import gpu, mig_slice, unsized_slice
 from tests.feeding import Feeder, busy, held, idle, unknown
@@ -81,14 +84,15 @@ def assert_same_figures(doc: BeautifulSoup, data: dict[str, Any]) -> None:
             pct(s["avg_util_pct"]),
             pct(s["no_process_pct"]),
             *money,
-            usd_rate(s["usd_per_hour"]),
+            usd_rate(s["usd_per_hour"]) + (s["gpu"]["instance"]["price_kind"] if s["usd_per_hour"] is not None else ""),
         ]
     rows = doc.select("#unpartitioned tbody tr")
     assert len(rows) == len(data["free"])
     for tr, f in zip(rows, data["free"], strict=True):
         cells = [td.get_text(strip=True) for td in tr.select("td")]
         assert tr["data-gpu"] == f["gpu"]["uuid"]
-        assert cells[1:] == [str(f["free_slices"]), usd_rate(f["usd_per_hour"]), usd(f["window_cost_usd"])]
+        rate = usd_rate(f["usd_per_hour"]) + (f["gpu"]["instance"]["price_kind"] or "")
+        assert cells[1:] == [str(f["free_slices"]), rate, usd(f["window_cost_usd"])]
 
 
 def test_json_has_the_figures_of_the_page(client: TestClient, fleet: None) -> None:
@@ -162,3 +166,15 @@ def test_slices_name_who_holds_them(client: TestClient, fleet: None) -> None:
     assert (holder["namespace"], holder["container"], holder["used_mib"]) == ("inference", "c0ffeec0ffee", 9000)
     line = get_html(client, "/mig?window=24h").select_one('#underused tr[data-gi="2"] .holder')
     assert line is not None and line.get_text(" ", strip=True).startswith("root · vllm · inference/vllm-0 · 8.8 GiB")
+
+
+def test_rates_are_at_the_price_now(client: TestClient, sessions: sessionmaker[Session], fleet: None) -> None:
+    hour = floor_hour(datetime.now(UTC))
+    bill(sessions, "i-mig", [hour - timedelta(hours=h) for h in range(4)], 56.0)  # $7 per GPU-hour
+    data = get_json(client, "/mig")
+    [free] = data["free"]
+    assert free["usd_per_hour"] == pytest.approx(7.0 * 2 / 7) and free["gpu"]["instance"]["price_kind"] == "billed"
+    assert data["free_usd_per_hour"] == pytest.approx(2.0)
+    rates = {s["profile"]: s["usd_per_hour"] for s in data["underused"]}
+    assert rates == pytest.approx({"3g.20gb": 3.0, "2g.10gb": 2.0})
+    assert_same_figures(get_html(client, "/mig"), data)

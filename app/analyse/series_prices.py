@@ -1,0 +1,241 @@
+"""Hour-by-hour prices for the charts over time (app/analyse/timeline.py, app/analyse/hour_of_week.py): the price
+pieces of app/billing/prices.py as query arrays, and the offline time they pay for.
+
+Each rollup row is priced at the price in force in its hour: that of the piece that covers it (the whole instance's
+USD/h per GPU, as `priced.per_gpu_hour`), else the instance's own (`inst.price.usd_per_gpu_hour`, None = unpriced).
+A daily row has one price only when its whole day has: inside one piece, or outside every piece. A day of an
+instance cut by a piece boundary (a "mixed" instance-day) is read from its hourly rows instead of its daily row, so
+pieces cost the hours of those days alone, and a fleet with no bill and no spot history reads nothing more.
+
+A row finds its price without a join: the pieces go into the query as one sorted array of keys (instance pk x 10^10
++ epoch seconds of the piece's start, with a key at each piece's end where no piece follows), which
+`width_bucket` searches by halves for the row's own key (its instance and hour or day). The key gives the row its
+price class: what its price changes of its instance's own (1: nothing, outside every piece; alike pieces share a
+class). The queries sum the rows at their instances' own prices per class, then add each class's change to those
+sums: a search per row and a few sums per class, never rows x pieces.
+
+Paid-offline pieces (a Capacity Block or Capacity Reservation) price the instance's offline time in them as idle, as
+the window analysis does (app/analyse/units.py): each GPU is expected there until the piece ends (or now), even
+after its instance was taken for gone. The queries give what the GPUs covered in such pieces at their price
+(`gpu_s` x price); `paid_spans` gives what their expected time there costs; the difference is the offline cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from ..billing.prices import PricedInstance, PricePiece, price_pieces
+from .fleet import Fleet
+from .window import ceil_day, floor_day
+
+Span = tuple[int, datetime, datetime]
+"""(row index, from, to): when a GPU should have sent data."""
+PaidSpan = tuple[int, datetime, datetime, float]
+"""(row index, from, to, USD per second): a GPU's expected time in paid capacity, at its price."""
+
+_SCALE = 10_000_000_000
+"""A key is instance pk x this + epoch seconds: exact in int8 for pks under 9 x 10^8."""
+PIECE_ARRAYS = (("pkey", "int8"), ("pcls", "int4"))
+"""Per key, ascending: the key and its price class."""
+CLASS_ARRAYS = (("cdelta", "float8"), ("cdnp", "float8"), ("cpay", "float8"))
+"""Per price class: what it adds to the instance's own USD per GPU-hour and to its 1-if-unpriced, and USD per
+GPU-hour of paid-offline capacity (0 outside it)."""
+MIXED_ARRAYS = (("mpk", "int8"), ("mday", "timestamptz"))
+"""The mixed instance-days: instance pk, UTC midnight."""
+DAY_SQL = "interval '24 hours'"
+"""A UTC day, whatever the session's time zone."""
+MIXED_CTE = (
+    "m AS (SELECT * FROM unnest("
+    + ", ".join(f"CAST(:{name} AS {t}[])" for name, t in MIXED_ARRAYS)
+    + ") AS m(pk, day))"
+)
+
+
+def class_sql(pk: str, epoch: str) -> str:
+    """The price class of a row of instance `pk` at `epoch` (seconds, float8): 1 or more."""
+    key = f"{pk} * {_SCALE} + CAST({epoch} AS int8)"
+    return f"(CAST(:pcls AS int4[]))[width_bucket({key}, CAST(:pkey AS int8[]))]"
+
+
+def of_class(array: str, c: str) -> str:
+    """`array` (a name of CLASS_ARRAYS) at price class `c`."""
+    return f"(CAST(:{array} AS float8[]))[{c}]"
+
+
+@dataclass(frozen=True)
+class SeriesPrices:
+    """The pieces that change some hour's price as query arrays (PIECE_ARRAYS, starting with a key below every
+    other, of class 1; CLASS_ARRAYS, starting with class 1, which changes nothing), the mixed instance-days
+    (MIXED_ARRAYS), and the paid-offline pieces by instance pk: (from, to, USD per GPU-hour)."""
+
+    pkey: list[int] = field(default_factory=lambda: [-1])
+    pcls: list[int] = field(default_factory=lambda: [1])
+    cdelta: list[float] = field(default_factory=lambda: [0.0])
+    cdnp: list[float] = field(default_factory=lambda: [0.0])
+    cpay: list[float] = field(default_factory=lambda: [0.0])
+    classes: dict[tuple[float, float, float], int] = field(default_factory=lambda: {(0.0, 0.0, 0.0): 1})
+    mpk: list[int] = field(default_factory=list)
+    mday: list[datetime] = field(default_factory=list)
+    paid: dict[int, list[tuple[datetime, datetime, float]]] = field(default_factory=dict)
+
+    @property
+    def priced(self) -> bool:
+        """Whether any hour is priced otherwise than at its instance's own price (else the plain queries do)."""
+        return len(self.pkey) > 1
+
+    def params(self) -> dict[str, Any]:
+        """The query parameters of a priced query; none without pieces."""
+        if not self.priced:
+            return {}
+        return {name: getattr(self, name) for name, _t in (*PIECE_ARRAYS, *CLASS_ARRAYS, *MIXED_ARRAYS)}
+
+    def _key(self, key: int, price: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> None:
+        c = self.classes.get(price)
+        if c is None:
+            c = self.classes[price] = len(self.classes) + 1
+            self.cdelta.append(price[0])
+            self.cdnp.append(price[1])
+            self.cpay.append(price[2])
+        self.pkey.append(key)
+        self.pcls.append(c)
+
+
+def load_pieces(
+    session: Session, fleet: Fleet, start: datetime, end: datetime, pks: Collection[int] | None = None
+) -> dict[int, list[PricePiece]]:
+    """The price pieces of the fleet's instances (those of `pks` only, when given) over the whole UTC days around
+    [start, end): every hour a rollup read of that span touches (a daily row, the hours taken from it)."""
+    wanted = [
+        PricedInstance(i.pk, i.instance_id, i.lifecycle, i.instance_type, i.availability_zone)
+        for i in fleet.instances.values()
+        if pks is None or i.pk in pks
+    ]
+    return price_pieces(session, wanted, floor_day(start), ceil_day(end))
+
+
+def series_prices(
+    fleet: Fleet,
+    pieces: Mapping[int, Sequence[PricePiece]],
+    pks: Collection[int],
+    *,
+    start: datetime,
+    end: datetime,
+    daily: Sequence[tuple[datetime, datetime]] = (),
+) -> SeriesPrices:
+    """The pieces (time-ordered, apart, by instance pk) of the instances in `pks` over [start, end), the span a query
+    reads, as query arrays: those whose price (per GPU-hour, or unpriced where the instance's GPU count is unknown,
+    as in the window analysis) differs from the instance's own, and the paid-offline ones; and the instance-days
+    inside the spans read from daily rows (`daily`, on UTC midnights) that a piece boundary cuts. Work in proportion
+    to the pieces."""
+    out = SeriesPrices()
+    lo, hi = start.timestamp(), end.timestamp()
+    days = [(a.timestamp(), b.timestamp()) for a, b in daily]
+    mixed: set[tuple[int, float]] = set()
+    for pk in sorted(pieces):
+        inst = fleet.instances.get(pk)
+        if inst is None or pk not in pks:
+            continue
+        own, gpus = inst.price.usd_per_gpu_hour, inst.price.gpus
+        if not gpus and own is None:
+            continue  # unpriced with or without its pieces
+        # Runs of pieces at one price: where the bill gives way to spot history at the same price, nothing changes.
+        runs: list[tuple[float, float, tuple[float, float, float]]] = []
+        for piece in pieces[pk]:
+            a, b = piece.start.timestamp(), piece.end.timestamp()
+            if b <= lo or a >= hi or b <= a:
+                continue
+            rate = piece.usd_per_hour / gpus if gpus else None  # as priced.per_gpu_hour
+            paid = piece.paid_offline and rate is not None
+            if not paid and rate is not None and own is not None and abs(rate - own) < 1e-12:
+                continue
+            if paid and rate is not None:
+                out.paid.setdefault(pk, []).append((piece.start, piece.end, rate))
+            price = (
+                (rate or 0.0) - (own or 0.0),
+                float((rate is None) - (own is None)),
+                rate if paid and rate else 0.0,
+            )
+            if runs and runs[-1][1] == a and runs[-1][2] == price:
+                runs[-1] = (runs[-1][0], b, price)
+            else:
+                runs.append((a, b, price))
+        base = pk * _SCALE
+        last = None
+        for a, b, price in runs:
+            if last is not None and last != a:
+                out._key(base + int(last))
+            out._key(base + int(a), price)
+            last = b
+            for t in (a, b):
+                into = t % 86400
+                if into and any(day_a < t < day_b for day_a, day_b in days):
+                    mixed.add((pk, t - into))
+        if last is not None:
+            out._key(base + int(last))
+    for pk, day in sorted(mixed):
+        out.mpk.append(pk)
+        out.mday.append(datetime.fromtimestamp(day, UTC))
+    return out
+
+
+def paid_spans(
+    fleet: Fleet, prices: SeriesPrices, rows: Mapping[int, int], *, start: datetime, end: datetime, now: datetime
+) -> tuple[list[Span], list[PaidSpan]]:
+    """For the GPUs of `rows` (GPU pk -> row index) whose instance has paid-offline pieces: the time they are
+    expected in those pieces beyond their usual span (after their instance was taken for gone), which is offline
+    too, and their whole expected time there at its price in USD per second."""
+    more: list[Span] = []
+    usd: list[PaidSpan] = []
+    if not prices.paid:
+        return more, usd
+    for gpu in fleet.gpus.values():
+        paid = prices.paid.get(gpu.instance.pk)
+        r = rows.get(gpu.pk)
+        if paid is None or r is None:
+            continue
+        first = max(start, gpu.first_seen)
+        usual_end = min(end, now, gpu.instance.tracked_until)
+        for a, b, rate in paid:
+            lo, hi = max(a, first), min(b, end, now)
+            if hi > lo:
+                usd.append((r, lo, hi, rate / 3600))
+                if hi > max(lo, usual_end):
+                    more.append((r, max(lo, usual_end), hi))
+    return more, usd
+
+
+def spread(
+    spans: Iterable[tuple[int, datetime, datetime, float]], t0: datetime, step: timedelta, n: int
+) -> dict[int, list[float]]:
+    """Per row, the seconds of its spans (row, from, to, weight) in each of the `n` buckets of `step` from `t0`,
+    each second counted `weight` times. Each span adds its partial first and last buckets and marks its whole ones
+    in a difference array, so the cost is spans + rows x buckets, never spans x buckets."""
+    step_s = step.total_seconds()
+    marks: dict[int, tuple[list[float], list[float]]] = {}
+    for r, lo, hi, weight in spans:
+        if hi <= lo:
+            continue
+        whole, part = marks.setdefault(r, ([0.0] * (n + 1), [0.0] * (n + 1)))
+        a, b = (lo - t0).total_seconds(), (hi - t0).total_seconds()
+        i, j = int(a // step_s), int(b // step_s)
+        if i == j:
+            part[i] += (b - a) * weight
+            continue
+        part[i] += ((i + 1) * step_s - a) * weight
+        whole[i + 1] += weight
+        whole[j] -= weight
+        part[j] += (b - j * step_s) * weight
+    out = {}
+    for r, (whole, part) in marks.items():
+        running = 0.0
+        cells = []
+        for k in range(n):
+            running += whole[k]
+            cells.append(part[k] + running * step_s)
+        out[r] = cells
+    return out
