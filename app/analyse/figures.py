@@ -186,6 +186,13 @@ class Unit:
         return self._rated / priced_h if priced_h > 1e-12 else self.usd_per_gpu_hour
 
     @property
+    def mean_usd_per_hour(self) -> float | None:
+        """What this unit cost per hour it ran over the window, on average, USD/h (its share of a GPU at the mean
+        price per GPU-hour); None with no price or no known size."""
+        rate = self.mean_usd_per_gpu_hour
+        return None if rate is None or self.weight is None else rate * self.weight
+
+    @property
     def sized(self) -> bool:
         """False for a slice of unknown size: its GPU-hours and money are unknown."""
         return self.weight is not None

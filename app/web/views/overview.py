@@ -53,6 +53,7 @@ class UnitRow:
     waste: float
     """USD."""
     usd_per_hour: float | None
+    """Its mean price over the window, USD/h (hour by hour where the bill or the spot history priced it)."""
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,7 @@ def build_overview(p: PageInputs) -> OverviewView:
                 u.figures().idle_h,
                 u.figures().idle_held_h,
                 u.figures().waste,
-                u.usd_per_hour,
+                u.mean_usd_per_hour,
             )
             for u in units[:TOP]
         ],

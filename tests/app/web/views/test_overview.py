@@ -3,11 +3,15 @@ window, and the same figures in its HTML, its fragment and its JSON."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
 
+from app.analyse.window import floor_hour
+from tests.app.analyse.test_price_now import bill
 from tests.app.web.views.pages import JSON, fragment, get_html, get_json, recent_start
 from tests.factories import gpu
 from tests.feeding import Feeder, busy, idle
@@ -91,3 +95,17 @@ def test_json_keeps_the_page_access_rules(client: TestClient, two_days: None) ->
 def test_bad_parameter_as_json(client: TestClient, engine: Any, url: str, param: str) -> None:
     body = get_json(client, url, status=400)
     assert body["detail"][0]["field"] == param
+
+
+def test_top_wasters_show_their_mean_price_over_the_window(
+    client: TestClient, sessions: sessionmaker[Session], two_days: None
+) -> None:
+    """The idle g5 billed $0.50/h for the last 12 of its 24 hours in the window: its rate is the mean of the bill and
+    the catalog's price, as its dollars are."""
+    start = floor_hour(datetime.now(UTC)) - timedelta(hours=12)
+    bill(sessions, "i-idle", [start + timedelta(hours=h) for h in range(13)], 0.5, instance_type="g5.xlarge")
+    view = get_json(client, "/?window=24h")
+    [row] = [u for u in view["top_wasters"] if u["instance_id"] == "i-idle"]
+    idle_h = row["idle_h"] + row["idle_held_h"]
+    assert row["usd_per_hour"] == pytest.approx(row["waste"] / idle_h, rel=1e-6)
+    assert 0.5 < row["usd_per_hour"] < 1.006
