@@ -3,7 +3,8 @@ chosen") applied to the present hour.
 
 In order: the price piece (app/billing/prices.py) covering the current UTC hour, billed or spot history (a spot
 pool's last price read holds until the next read, so its history usually reaches now); else the newest billed
-piece that ended within `BILL_LAG` before now, since the imported bill lags about a day behind; else the
+piece that ended within `BILL_LAG` before now, since the imported bill lags about a day behind, unless that
+piece was in paid capacity (a Capacity Block ends; what follows is priced otherwise); else the
 instance's own price (agent, price file, catalog: app/pricing) and its kind. The pieces of every instance asked
 for come from one read (`read_pieces`), never one per instance.
 """
@@ -73,7 +74,8 @@ def price_at(inst: InstanceInfo, pieces: Sequence[PricePiece], now: datetime) ->
         if piece.start <= hour < piece.end:
             return _of_piece(inst, piece, piece.source)
         if piece.source == BILLED and now - BILL_LAG <= piece.end <= hour:
-            newest_billed = piece
+            # A Capacity Block or Reservation the bill shows ending says nothing of what the instance costs after.
+            newest_billed = None if piece.paid_offline else piece
     if newest_billed is not None:
         return _of_piece(inst, newest_billed, f"{BILLED} to {newest_billed.end:%Y-%m-%d %H:%M} UTC")
     return own_price(inst)

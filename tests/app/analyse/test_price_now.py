@@ -99,6 +99,16 @@ def test_the_newest_billed_hour_stands_for_now_within_72_hours() -> None:
     assert price_at(inst, [], now) == old
 
 
+def test_capacity_the_bill_shows_ending_does_not_stand_for_now() -> None:
+    """A p4d ran in a Capacity Block until 30 h ago: the block's price is not what it costs now."""
+    inst = instance(CATALOG)
+    now = T + timedelta(minutes=20)
+    block = PricePiece(T - 40 * H, T - 30 * H, 20.0, BILLED, paid_offline=True)
+    assert price_at(inst, [block], now).source == "catalog"
+    assert price_at(inst, [piece(T - 50 * H, 10, 24.0), block], now).source == "catalog"
+    assert price_at(inst, [block, piece(T - 30 * H, 2, 24.0)], now).usd_per_instance_hour == 24.0
+
+
 def test_a_piece_of_an_instance_of_unknown_gpu_count_has_no_price_per_gpu() -> None:
     inst = instance(Price(32.0, None, None, "no price: no GPU count for x (none seen)"))
     found = price_at(inst, [piece(T, 1, 40.0)], T)
