@@ -57,19 +57,6 @@ class MigGpuView:
         return None if rate is None or self.free_slices is None else rate * self.free_slices / 7
 
 
-def window_usd_per_gpu_hour(unit: Unit) -> float | None:
-    """What a slice's hours with data cost on average over the window, USD per GPU-hour: its instance's own
-    price, or, for a unit priced piece by piece (`sources` set), its cost over its GPU-hours, so that hours with
-    no price are left out of the money as they are of its cost; None where none of it is priced. (A slice has
-    no offline time of its own, so all of its cost is for hours with data.)"""
-    f = unit.figures()
-    if unit.sources is None or f.gpu_hours <= 0:
-        return unit.usd_per_gpu_hour
-    if f.gpu_hours - f.unpriced_gpu_hours <= 1e-12:
-        return None
-    return f.cost / f.gpu_hours
-
-
 def unit_priced(unit: Unit) -> bool:
     """Whether any of the unit's money over the window is known: it has a price of its own, or a price piece
     priced some of it."""
@@ -139,9 +126,9 @@ class UnderusedSlice:
     @property
     def no_process_cost(self) -> float | None:
         """Cost of the slice's hours with no process at all, USD, at its mean price over the window
-        (`window_usd_per_gpu_hour`); priced even where utilization is unknown, since a slice with no process
+        (`Unit.mean_usd_per_gpu_hour`); priced even where utilization is unknown, since a slice with no process
         cannot be working. None without a price or a known size."""
-        rate = window_usd_per_gpu_hour(self.unit)
+        rate = self.unit.mean_usd_per_gpu_hour
         return None if rate is None or not self.unit.sized else rate * self.unit.figures().no_proc_h
 
     @property

@@ -14,10 +14,11 @@ from app.analyse.fleet import ONLINE, InstanceInfo
 from app.analyse.price_now import BILL_LAG, mean_price, price_at, prices_now
 from app.analyse.window import Window
 from app.billing.prices import BILLED, SPOT_HISTORY, PricePiece, remake_billed_prices
-from app.billing.tables import billed_hours, spot_prices
+from app.billing.tables import spot_prices
 from app.db import session_scope
 from app.pricing.resolve import Price
 from tests.app.analyse.conftest import P4D_PER_GPU_HOUR, Analyst, Feeder, idle
+from tests.app.analyse.test_priced import bill as bill_hours
 from tests.factories import gpu
 
 H = timedelta(hours=1)
@@ -33,19 +34,7 @@ def bill(
 ) -> None:
     """Bill the instance `usd_per_hour` for each of `hours`, and merge the bill into prices."""
     with session_scope(sessions) as s:
-        for hour in hours:
-            s.execute(
-                insert(billed_hours).values(
-                    instance_id=instance_id,
-                    hour=hour,
-                    payer_account="123456789012",
-                    billing_period=hour.date().replace(day=1),
-                    instance_type=instance_type,
-                    purchase="savings plan",
-                    usage_h=1.0,
-                    usd=usd_per_hour,
-                )
-            )
+        bill_hours(s, instance_id, instance_type, dict.fromkeys(hours, usd_per_hour), None)
         remake_billed_prices(s)
 
 
