@@ -148,7 +148,7 @@ class Unit:
         """USD per price source where the unit was priced from more than one (app/analyse/priced.py); None when
         all of it is at its instance's price."""
         self._rated: float | None = None
-        """Merged parts: the sum of GPU-hours with data x their price, USD (offline time paid for left out)."""
+        """Repriced: the sum of GPU-hours with data x their price, USD (offline time paid for left out)."""
 
     def figures(self) -> Figures:
         """What this unit adds to its groups and to the totals."""
@@ -161,20 +161,13 @@ class Unit:
         kind = self.gpu.instance.price.kind
         return {kind: self._figures.cost} if kind is not None and self._figures.cost else {}
 
-    def merge(self, other: Unit) -> None:
-        """Add `other`, the same unit over another part of the window, at that part's price."""
-        mine, theirs = self.usd_by_source(), other.usd_by_source()
-        self._rated = self._rated_usd() + other._rated_usd()
-        self._figures.add(other._figures)
-        if self._device is not None and other._device is not None:
-            self._device.add(other._device)
-        self.sources = {k: mine.get(k, 0.0) + theirs.get(k, 0.0) for k in mine.keys() | theirs.keys()}
-
-    def _rated_usd(self) -> float:
-        if self._rated is not None:
-            return self._rated
-        rate = self.usd_per_gpu_hour
-        return 0.0 if rate is None else self._figures.gpu_hours * rate
+    def reprice(self, change: Figures, sources: dict[str, float], rated: float) -> None:
+        """Move its money by `change` (app/analyse/priced.py: what hours at other prices change of its own price),
+        with its cost per source, USD, and what its hours with data cost, USD (`mean_usd_per_gpu_hour`)."""
+        self._figures.add(change)
+        # What subtracting sums of floats leaves of nothing is no source.
+        self.sources = {k: v for k, v in sources.items() if abs(v) > 1e-9}
+        self._rated = rated
 
     @property
     def mean_usd_per_gpu_hour(self) -> float | None:

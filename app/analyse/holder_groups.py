@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from functools import lru_cache
 from typing import Any, NamedTuple
 
@@ -18,9 +19,9 @@ from sqlalchemy.orm import Session
 from ..billing.prices import BILLED, SPOT_HISTORY
 from ..db import fetch_binary
 from ..models import UTIL_BOUNDS
+from .device_money import FROM_BILL, FROM_SPOT, KEY_SCALE, PriceClasses
 from .figures import Figures
-from .priced import PriceDeltas
-from .window import Window, union_of_reads
+from .window import DAILY, RollupRead, Window, union_of_reads
 
 MISSING = {
     "user": "(unknown user)",
@@ -109,83 +110,72 @@ def _sql(bound: int, shape: tuple[tuple[str, int], ...], priced: bool) -> str:
     if bound not in UTIL_BOUNDS:
         raise ValueError(f"idle threshold {bound} is not a rollup bound")
     names = ("secs_w", "known_w", "usum_w", f"lt{bound}_w", "unsized_s")
-    tables = ("holder_groups_daily", "holder_groups_hourly")
-    rows = union_of_reads(shape, tables, "instance_pk, key, label", names, "grouping = :grouping")
     lt = f"lt{bound}_w"
-    # Per instance and value first: seconds under the threshold had a figure, so known is at least those.
-    per_instance = (
-        f"SELECT instance_pk, key, max(label) AS label, sum(secs_w) / 3600 AS s, "
-        f"greatest(sum(known_w), sum({lt})) / 3600 AS k, sum({lt}) / 3600 AS b, sum(usum_w) / 3600 AS u, "
-        f"sum(unsized_s) / 3600 AS z FROM ({rows}) r GROUP BY 1, 2"
-    )
-    money = ["sum(v.s * i.rate)", "sum(v.b * i.rate)", "sum(v.k * i.rate)", "sum(v.u * i.rate)"]
-    unpriced = "sum(v.s) FILTER (WHERE i.rate IS NULL)"
-    withs = f"v AS ({per_instance})"
-    joins = ""
     if priced:
-        # What the price pieces change (priced.PriceDeltas): each piece's rows of each value at the difference
-        # from its instance's own price, per piece first (known is at least the seconds under the threshold, as
-        # above), then per instance and value, one row each to join.
-        arrays = ", ".join(f"CAST(:p{n} AS {t}[])" for n, t in _DELTA_TYPES)
-        # LATERAL: each read probes its instance's rows through the (grouping, instance_pk, time) index; a join the
-        # planner may pick would hash the whole window's hourly rows.
-        reads = " UNION ALL ".join(
-            f"SELECT p.n, r.instance_pk, r.key, p.sign * r.secs_w AS s, p.sign * r.known_w AS k, "
-            f"p.sign * r.{lt} AS b, p.sign * r.usum_w AS u, p.delta, p.np, p.own, p.src FROM p CROSS JOIN LATERAL "
-            f"(SELECT * FROM {table} h WHERE h.grouping = :grouping AND h.instance_pk = p.pk AND h.{col} >= p.a "
-            f"AND h.{col} < p.b OFFSET 0) r WHERE {cond}"
-            for table, col, cond in (
-                ("holder_groups_daily", "day", "p.daily"),
-                ("holder_groups_hourly", "hour", "NOT p.daily"),
+        # Each row at its hour's price class (app/analyse/device_money.py); a day that a price change cuts is read
+        # from its hourly rows instead of its daily row, through the (grouping, instance_pk, time) index.
+        parts = []
+        for i, (table, sign) in enumerate(shape):
+            daily = table == DAILY
+            t, name = ("day", "holder_groups_daily") if daily else ("hour", "holder_groups_hourly")
+            signed = ", ".join(n if sign > 0 else f"-{n} AS {n}" for n in names)
+            mixed = " AND NOT EXISTS (SELECT FROM mx WHERE mx.pk = instance_pk AND mx.day = day)" if daily else ""
+            parts.append(
+                f"SELECT instance_pk, key, label, {t} AS t, {signed} FROM {name} "
+                f"WHERE grouping = :grouping AND {t} >= :t{i}a AND {t} < :t{i}b{mixed}"
             )
+        parts.append(
+            f"SELECT h.instance_pk, h.key, h.label, h.hour AS t, {', '.join('h.' + n for n in names)} FROM mx "
+            "CROSS JOIN LATERAL (SELECT * FROM holder_groups_hourly h WHERE h.grouping = :grouping "
+            "AND h.instance_pk = mx.pk AND h.hour >= mx.day AND h.hour < mx.day + interval '24 hours' OFFSET 0) h"
         )
-        per_piece = (
-            "SELECT instance_pk, key, sum(s) / 3600 AS s, greatest(sum(k), sum(b)) / 3600 AS k, sum(b) / 3600 AS b, "
-            f"sum(u) / 3600 AS u, min(delta) AS delta, min(np) AS np, min(own) AS own, min(src) AS src "
-            f"FROM ({reads}) r GROUP BY n, instance_pk, key"
+        cls = (
+            f"(CAST(:pcls AS int4[]))[width_bucket(instance_pk * {KEY_SCALE} + CAST(extract(epoch FROM t) AS int8), "
+            "CAST(:pkey AS int8[]))]"
         )
-        withs += (
-            f", p AS (SELECT * FROM unnest({arrays}) AS p({', '.join(n for n, _t in _DELTA_TYPES)})), "
-            "d AS (SELECT instance_pk, key, sum(s * delta) AS cs, sum(b * delta) AS cb, sum(k * delta) AS ck, "
-            f"sum(u * delta) AS cu, sum(s * np) AS ns, sum(s * own) AS displaced, "
-            f"sum(s * (own + delta)) FILTER (WHERE src = '{BILLED}') AS billed, "
-            f"sum(s * (own + delta)) FILTER (WHERE src = '{SPOT_HISTORY}') AS spot "
-            f"FROM ({per_piece}) x GROUP BY 1, 2)"
+        rows = f"SELECT r.*, {cls} AS cls FROM ({' UNION ALL '.join(parts)}) r"
+        withs = "mx AS (SELECT * FROM unnest(CAST(:mpk AS int8[]), CAST(:mday AS timestamptz[])) AS mx(pk, day)), "
+        keys = "instance_pk, key, cls"
+    else:
+        rows = union_of_reads(
+            shape,
+            ("holder_groups_daily", "holder_groups_hourly"),
+            "instance_pk, key, label",
+            names,
+            "grouping = :grouping",
         )
-        joins = " LEFT JOIN d ON d.instance_pk = v.instance_pk AND d.key = v.key"
-        money = [f"{e} + coalesce(sum(d.{c}), 0)" for e, c in zip(money, ("cs", "cb", "ck", "cu"), strict=True)]
-        unpriced = f"coalesce({unpriced}, 0) - coalesce(sum(d.ns), 0)"
-    # The cost by price source (OWN_KINDS, then the pieces'): at each own price, less the hours pieces priced.
-    displaced = " - coalesce(sum(d.displaced) FILTER (WHERE i.kind = '{k}'), 0)" if priced else ""
-    sources = [
-        f"coalesce(sum(v.s * i.rate) FILTER (WHERE i.kind = '{k}'), 0){displaced.format(k=k)}" for k in OWN_KINDS
-    ]
-    sources += ["sum(d.billed)", "sum(d.spot)"] if priced else ["0", "0"]
+        withs = ""
+        keys = "instance_pk, key, 1 AS cls"
+    # Per instance, value and price class first: seconds under the threshold had a figure, so known is at least
+    # those.
+    per_class = (
+        f"SELECT {keys}, max(label) AS label, sum(secs_w) / 3600 AS s, "
+        f"greatest(sum(known_w), sum({lt})) / 3600 AS k, sum({lt}) / 3600 AS b, sum(usum_w) / 3600 AS u, "
+        f"sum(unsized_s) / 3600 AS z FROM ({rows}) r GROUP BY 1, 2, 3"
+    )
+    # A class's price per GPU-hour: the instance's own in class 1 (no piece), else the piece's; its source likewise.
+    rate = "v.rate" if priced else "i.rate"
+    if priced:
+        per_class = (
+            f"SELECT x.*, CASE WHEN cls = 1 THEN i.rate ELSE (CAST(:crate AS float8[]))[cls] * 3600 END AS rate, "
+            f"(CAST(:csrc AS int4[]))[cls] AS src FROM ({per_class}) x JOIN i USING (instance_pk)"
+        )
+    money = [f"sum(v.{c} * {rate})" for c in ("s", "b", "k", "u")]
+    unpriced = f"sum(v.s) FILTER (WHERE {rate} IS NULL)"
+    own = "v.src = 0 AND " if priced else ""
+    sources = [f"sum(v.s * {rate}) FILTER (WHERE {own}i.kind = '{k}')" for k in OWN_KINDS]
+    piece_sources = [f"sum(v.s * v.rate) FILTER (WHERE v.src = {code})" for code in (FROM_BILL, FROM_SPOT)]
+    sources += piece_sources if priced else ["0", "0"]
     sums = ", ".join(
         f"CAST(coalesce({e}, 0) AS float8)"
         for e in ("sum(v.s)", "sum(v.k)", "sum(v.b)", "sum(v.u)", *money, unpriced, "sum(v.z)", *sources)
     )
     return (
         "WITH i AS (SELECT * FROM unnest(CAST(:pks AS int8[]), CAST(:rates AS float8[]), CAST(:groups AS text[]), "
-        f"CAST(:kinds AS text[])) AS i(instance_pk, rate, grp, kind)), {withs} "
-        f"SELECT i.grp, v.key, max(v.label), {sums} FROM v JOIN i ON i.instance_pk = v.instance_pk{joins} "
+        f"CAST(:kinds AS text[])) AS i(instance_pk, rate, grp, kind)), {withs}v AS ({per_class}) "
+        f"SELECT i.grp, v.key, max(v.label), {sums} FROM v JOIN i ON i.instance_pk = v.instance_pk "
         "GROUP BY 1, 2 HAVING sum(v.s) + sum(v.z) > 0.000001"
     )
-
-
-_DELTA_TYPES = (
-    ("n", "int4"),
-    ("pk", "int8"),
-    ("daily", "bool"),
-    ("a", "timestamptz"),
-    ("b", "timestamptz"),
-    ("sign", "float8"),
-    ("delta", "float8"),
-    ("np", "float8"),
-    ("own", "float8"),
-    ("src", "text"),
-)
-"""priced.PriceDeltas' arrays and their types."""
 
 
 def held_values(
@@ -195,11 +185,11 @@ def held_values(
     *,
     idle_util_pct: int,
     instances: Sequence[tuple[int, float | None, str, str | None]],
-    deltas: PriceDeltas | None = None,
+    classes: PriceClasses | None = None,
 ) -> list[ValueSums]:
     """What each value of `grouping` held over the window, per group of `instances`: (row id, USD per GPU-hour or
     None, group key, kind of that price) each; instances not listed are left out. Money is at each instance's price,
-    changed hour by hour by `deltas` (the price pieces, app/analyse/priced.py)."""
+    or hour by hour at the price pieces' (`classes`, app/analyse/device_money.py)."""
     reads = window.rollup_reads()
     if not reads or not instances:
         return []
@@ -212,10 +202,17 @@ def held_values(
     }
     for i, r in enumerate(reads):
         params[f"t{i}a"], params[f"t{i}b"] = r.start, r.end
-    priced = deltas is not None and bool(deltas.n)
+    priced = classes is not None and len(classes.pkey) > 1
     if priced:
-        assert deltas is not None
-        params |= deltas.params()
+        assert classes is not None
+        params |= classes.params()
+        # Only the cut days read whole from the daily table are read hour by hour instead.
+        days = [(pk, day) for pk, day in zip(classes.mpk, classes.mday, strict=True) if _read_daily(reads, day)]
+        params["mpk"], params["mday"] = [pk for pk, _d in days], [d for _pk, d in days]
     sql = _sql(idle_util_pct, tuple((r.table, r.sign) for r in reads), priced)
     make = ValueSums._make
     return [make(row) for row in fetch_binary(session, sql, params)]
+
+
+def _read_daily(reads: Sequence[RollupRead], day: datetime) -> bool:
+    return any(r.table == DAILY and r.start <= day < r.end for r in reads)

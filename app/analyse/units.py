@@ -36,7 +36,7 @@ def _unsized_unit(gpu: GpuInfo, sl: SliceInfo, u: DeviceUsage, rate: float | Non
     return Unit(SLICE, gpu, sl, None, rate, Figures(unsized_slice_h=device.gpu_hours), device)
 
 
-def _expected_s(gpu: GpuInfo, window: Window) -> float:
+def expected_s(gpu: GpuInfo, window: Window) -> float:
     """Seconds of the window in which this GPU should have sent data."""
     start = max(window.start, gpu.first_seen)
     end = min(window.end, window.now, gpu.instance.tracked_until)
@@ -97,7 +97,7 @@ def build_units(
         else:
             mig_part, passthrough = None, own
         covered = own.covered_s if own is not None else 0.0
-        due = expected[gpu.pk] if expected is not None and gpu.pk in expected else _expected_s(gpu, window)
+        due = expected[gpu.pk] if expected is not None and gpu.pk in expected else expected_s(gpu, window)
         offline = max(0.0, due - covered)
         if (passthrough is not None and passthrough.covered_s > 0) or not mig_mode:
             units.append(Unit(GPU, gpu, None, 1.0, rate, usage_figures(passthrough, 1.0, rate, offline, paid)))

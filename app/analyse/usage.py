@@ -115,6 +115,16 @@ def usage_of_spans(
     return out
 
 
+def mig_mode_at(changes: Sequence[tuple[Any, bool]], hour: Any) -> bool:
+    """Whether a GPU was in MIG mode in the hour starting at `hour`, by its (time, mig_mode) changes in the window,
+    in time order: before its first change it was in the other mode."""
+    mig = not changes[0][1]
+    for at, mode in changes:
+        if at <= hour:
+            mig = mode
+    return mig
+
+
 def hourly_split(
     session: Session,
     window: Window,
@@ -135,13 +145,7 @@ def hourly_split(
     sums: dict[tuple[int, bool], list[float]] = {}
     rows = session.execute(text(sql), {"ids": list(device_ids), "a": window.start, "b": window.end}).all()
     for device_id, hour, *values in rows:
-        changes = mode_at[device_id]
-        # Before its first change in the window, a GPU was in the other mode.
-        mig = not changes[0][1]
-        for at, mode in changes:
-            if at <= hour:
-                mig = mode
-        acc = sums.setdefault((device_id, mig), [0.0] * len(names))
+        acc = sums.setdefault((device_id, mig_mode_at(mode_at[device_id], hour)), [0.0] * len(names))
         for i, v in enumerate(values):
             acc[i] += float(v or 0.0)
     zero = [0.0] * len(names)

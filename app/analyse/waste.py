@@ -14,12 +14,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ..models import Event
+from .device_money import price_classes
 from .figures import HOURS_PER_MONTH, Figures, Unit
 from .fleet import Fleet
 from .grouping import GroupRow, by_value, group_rows, instance_group, per_instance, summarise
 from .holder_groups import HeldValues, held_values
 from .holders import Part, held_usage, holder_columns, split_units
-from .priced import billed_until, instance_pieces, pieces_in_use, price_deltas, priced_units
+from .priced import billed_until, instance_pieces, pieces_in_use, priced_units
 from .states import Thresholds
 from .usage import hourly_split, window_usage
 from .window import Window
@@ -103,8 +104,11 @@ def analyse_waste(
         if device_id in fleet.gpus:
             changes.setdefault(device_id, []).append((at, bool(details.get("mig_mode"))))
     split = hourly_split(session, window, list(changes), idle_util_pct=thresholds.idle_util_pct, mode_at=changes)
-    pieces = pieces_in_use(fleet, instance_pieces(session, fleet, window), split)
-    units = priced_units(session, fleet, usage, window, split, pieces, idle_util_pct=thresholds.idle_util_pct)
+    pieces = pieces_in_use(fleet, instance_pieces(session, fleet, window))
+    classes = price_classes(fleet, pieces)
+    units = priced_units(
+        session, fleet, usage, window, split, pieces, classes, idle_util_pct=thresholds.idle_util_pct, mode_at=changes
+    )
     instances = per_instance(units)
     parts = None
     values = None
@@ -114,9 +118,8 @@ def analyse_waste(
             (pk, inst.price.usd_per_gpu_hour, instance_group(holder_groups, inst), inst.price.kind)
             for pk, inst in fleet.instances.items()
         ]
-        deltas = price_deltas(fleet, pieces, window)
         sums = held_values(
-            session, window, single, idle_util_pct=thresholds.idle_util_pct, instances=groups, deltas=deltas
+            session, window, single, idle_util_pct=thresholds.idle_util_pct, instances=groups, classes=classes
         )
         values = HeldValues(single, tuple(holder_groups), sums)
     elif by_holder:

@@ -100,9 +100,12 @@ def price_pieces(
         if i.lifecycle == "spot" and i.instance_type and i.availability_zone
     }
     segments = spot_price_segments(session, set(spot.values()), start, end) if spot else {}
+    pool_runs: dict[tuple[str, str], list[PricePiece]] = {}
     for pk, pool in spot.items():
         billed = out.get(pk, [])
-        runs = _spot_pieces(segments.get(SpotPool(*pool), []), start, end)
+        runs = pool_runs.get(pool)
+        if runs is None:
+            runs = pool_runs[pool] = _spot_pieces(segments.get(SpotPool(*pool), []), start, end)
         added = [cut for p in runs for cut in _minus(p, billed)]
         if added:
             out[pk] = sorted([*billed, *added], key=lambda p: p.start)
