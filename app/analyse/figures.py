@@ -235,18 +235,13 @@ class Unit:
         return (self._device or self._figures).avg_util
 
 
-def usage_figures(
-    u: DeviceUsage | None, weight: float, rate: float | None, offline_s: float, paid_offline: bool = False
-) -> Figures:
+def usage_figures(u: DeviceUsage | None, weight: float, rate: float | None, offline_s: float) -> Figures:
     """A device's usage as figures: covered seconds split into states (docs/waste.md, "States"), weighted by
-    its share of a GPU, and priced at `rate` USD per GPU-hour. `paid_offline`: the offline time is paid for
-    (capacity reserved whether it runs), so it costs `rate` too and counts as idle waste."""
+    its share of a GPU, and priced at `rate` USD per GPU-hour. Offline time costs nothing here (app/analyse/priced.py
+    prices what paid capacity costs offline)."""
     h = weight / 3600
     if u is None:
-        f = Figures(offline_h=offline_s * h)
-        if paid_offline and rate is not None:
-            f.cost = f.idle_cost = f.offline_h * rate
-        return f
+        return Figures(offline_h=offline_s * h)
     _id, covered, known, util_sum, below, free, no_proc = u
     gpu_hours = covered * h
     idle_held_h = max(0.0, below - free) * h
@@ -265,7 +260,4 @@ def usage_figures(
         f.idle_cost = idle_h * rate
         f.idle_held_cost = idle_held_h * rate
         f.unused_cost = max(0.0, known_h - sum_h / 100) * rate
-        if paid_offline:
-            f.cost += offline_h * rate
-            f.idle_cost += offline_h * rate
     return f

@@ -8,7 +8,7 @@ unpartitioned time: what its known slices leave may be in a slice nobody could s
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 
 from .figures import GPU, SLICE, Figures, Unit, usage_figures
 from .fleet import Fleet, GpuInfo, SliceInfo, layout_known
@@ -17,17 +17,15 @@ from .usage import DeviceUsage
 from .window import Window
 
 
-def _free_figures(free_s: float, rate: float | None, offline_s: float, paid_offline: bool = False) -> Figures:
+def _free_figures(free_s: float, rate: float | None, offline_s: float) -> Figures:
     """Unpartitioned capacity of a MIG GPU: idle, with no process and 0% utilization, s. A MIG GPU's offline
-    time is counted here; `paid_offline` prices it as idle (see `usage_figures`)."""
+    time is counted here."""
     h = free_s / 3600
     offline_h = offline_s / 3600
     if rate is None:
         return Figures(h, 0.0, 0.0, h, 0.0, offline_h, h, h, h, 0.0, unpriced_gpu_hours=h)
-    paid = offline_h * rate if paid_offline else 0.0
-    return Figures(
-        h, 0.0, 0.0, h, 0.0, offline_h, h, h, h, 0.0, h * rate + paid, h * rate + paid, 0.0, h * rate, h * rate
-    )
+    usd = h * rate
+    return Figures(h, 0.0, 0.0, h, 0.0, offline_h, h, h, h, 0.0, usd, usd, 0.0, usd, usd)
 
 
 def _unsized_unit(gpu: GpuInfo, sl: SliceInfo, u: DeviceUsage, rate: float | None) -> Unit:
@@ -49,9 +47,7 @@ def build_units(
     window: Window,
     split: dict[int, tuple[DeviceUsage, DeviceUsage]] | None = None,
     *,
-    rates: Mapping[int, float | None] | None = None,
     expected: Mapping[int, float] | None = None,
-    paid_offline: Collection[int] = (),
 ) -> list[Unit]:
     """Units of the fleet from per-device usage.
 
@@ -63,17 +59,14 @@ def build_units(
     Where the GPU's layout is not known in full (it is incomplete now, or a slice of the window has no size),
     its MIG time has no unpartitioned part: it counts as `free_unknown_h` instead.
 
-    For a part of the window at another price (app/analyse/priced.py): `rates` gives instances (by pk) their USD per
-    GPU-hour in it, `expected` GPUs (by pk) their expected seconds in it, and the offline time of the instances in
-    `paid_offline` is paid for.
+    `expected` gives GPUs (by pk) other expected seconds: in paid capacity a GPU is expected even after its instance
+    was taken for gone (app/analyse/priced.py, which also prices that time).
     """
     split = split or {}
     units: list[Unit] = []
     slices_by_gpu = fleet.slices_by_gpu
     for gpu in fleet.gpus.values():
-        pk = gpu.instance.pk
-        rate = rates[pk] if rates is not None and pk in rates else gpu.instance.price.usd_per_gpu_hour
-        paid = pk in paid_offline
+        rate = gpu.instance.price.usd_per_gpu_hour
         slices = slices_by_gpu.get(gpu.pk, ())
         slice_units = []
         sliced = 0.0
@@ -100,14 +93,14 @@ def build_units(
         due = expected[gpu.pk] if expected is not None and gpu.pk in expected else expected_s(gpu, window)
         offline = max(0.0, due - covered)
         if (passthrough is not None and passthrough.covered_s > 0) or not mig_mode:
-            units.append(Unit(GPU, gpu, None, 1.0, rate, usage_figures(passthrough, 1.0, rate, offline, paid)))
+            units.append(Unit(GPU, gpu, None, 1.0, rate, usage_figures(passthrough, 1.0, rate, offline)))
             offline = 0.0
         if mig_mode:
             mig_s = mig_part.covered_s if mig_part is not None else 0.0
             if layout_known(gpu, slices):
-                free_figures = _free_figures(max(0.0, mig_s - sliced), rate, offline, paid)
+                free_figures = _free_figures(max(0.0, mig_s - sliced), rate, offline)
             else:
-                free_figures = _free_figures(0.0, rate, offline, paid)
+                free_figures = _free_figures(0.0, rate, offline)
                 free_figures.free_unknown_h = mig_s / 3600
             units.append(Unit(UNPARTITIONED, gpu, None, 1.0, rate, free_figures))
         units.extend(slice_units)

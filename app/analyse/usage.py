@@ -84,37 +84,6 @@ def usage_of_reads(
     return out
 
 
-def usage_of_spans(
-    session: Session, spans: Sequence[tuple[Sequence[RollupRead], Sequence[int]]], *, idle_util_pct: int
-) -> list[dict[int, DeviceUsage]]:
-    """Per-device usage in each span, given as its rollup reads and the devices wanted, in one query."""
-    if not any(reads and ids for reads, ids in spans):
-        return [{} for _ in spans]
-    names = [c.format(b=idle_util_pct) for c in _COLUMNS]
-    params: dict[str, Any] = {}
-    selects = []
-    first = 0
-    for j, (reads, ids) in enumerate(spans):
-        if not reads or not ids:
-            continue
-        for i, r in enumerate(reads, start=first):
-            params[f"t{i}a"], params[f"t{i}b"] = r.start, r.end
-        params[f"ids{j}"] = list(ids)
-        shape = tuple((r.table, r.sign) for r in reads)
-        where = f"device_id = ANY(CAST(:ids{j} AS int4[]))"
-        selects.append(
-            union_of_reads(shape, ("rollups_daily", "rollups_hourly"), f"{j} AS span, device_id", names, where, first)
-        )
-        first += len(reads)
-    sums = ", ".join(f"CAST(COALESCE(sum({n}), 0) AS float8)" for n in names)
-    sql = f"SELECT span, device_id, {sums} FROM ({' UNION ALL '.join(selects)}) r GROUP BY span, device_id"
-    out: list[dict[int, DeviceUsage]] = [{} for _ in spans]
-    make = DeviceUsage._make
-    for row in fetch_binary(session, sql, params):
-        out[row[0]][row[1]] = make(row[1:])
-    return out
-
-
 def mig_mode_at(changes: Sequence[tuple[Any, bool]], hour: Any) -> bool:
     """Whether a GPU was in MIG mode in the hour starting at `hour`, by its (time, mig_mode) changes in the window,
     in time order: before its first change it was in the other mode."""
