@@ -162,46 +162,59 @@ def _signature(runs: Sequence[tuple[int, int, tuple[float, int, float]]]) -> int
     return int.from_bytes(digest, "big", signed=True)
 
 
+DayKey = tuple[int, int]
+"""A device-day: device id, epoch seconds of its UTC midnight."""
+
+
 class MixedDays:
-    """Sums of the mixed device-days read so far in this process, by database, device, UTC day and idle bound, with
-    the daily row's version and the day's price signature they were read at. Bounded: past `limit` entries (about
-    730 bytes each; a 30-day window of 300 instances with spot prices changing every one to three days keeps about
-    13,000) it starts again empty."""
+    """Sums of the mixed device-days read so far in this process, per database and idle bound (a scope), by
+    device-day, with the daily row's version and the day's price signature they were read at. Bounded: past `limit`
+    entries (about 730 bytes each; a 30-day window of 300 instances with spot prices changing every one to three
+    days keeps about 13,000) it starts again empty."""
 
     def __init__(self, limit: int = 100_000) -> None:
         self._lock = threading.Lock()
         self._limit = limit
-        self._sums: dict[tuple[str, int, datetime, int], tuple[int, int, DeviceMoney]] = {}
+        # Keys of plain ints: a page view looks up thousands, and hashing a datetime costs ten times more.
+        self._sums: dict[tuple[str, int], dict[DayKey, tuple[int, int, DeviceMoney]]] = {}
+        self._count = 0
 
     def __len__(self) -> int:
-        return len(self._sums)
+        return self._count
 
     def get_all(
         self,
-        keys: Sequence[tuple[str, int, datetime, int]],
+        scope: tuple[str, int],
+        device: int,
+        days: Sequence[int],
         versions: Sequence[int],
         sigs: Sequence[int],
         *,
-        missing: list[tuple[tuple[str, int, datetime, int], int, int]],
+        missing: list[tuple[DayKey, int, int]],
     ) -> list[DeviceMoney]:
-        """The sums kept for `keys` at those versions and signatures; the others are added to `missing` as (key,
-        version, signature)."""
+        """The sums kept for the device's `days` at those versions and signatures; the others are added to
+        `missing` as (device-day, version, signature)."""
         out = []
         with self._lock:
-            for key, version, sig in zip(keys, versions, sigs, strict=True):
-                found = self._sums.get(key)
+            kept = self._sums.get(scope, {})
+            for day, version, sig in zip(days, versions, sigs, strict=True):
+                found = kept.get((device, day))
                 if found is not None and found[0] == version and found[1] == sig:
                     out.append(found[2])
                 else:
-                    missing.append((key, version, sig))
+                    missing.append(((device, day), version, sig))
         return out
 
-    def put(self, entries: Sequence[tuple[tuple[str, int, datetime, int], int, int, DeviceMoney]]) -> None:
+    def put(self, scope: tuple[str, int], entries: Sequence[tuple[DayKey, int, int, DeviceMoney]]) -> None:
         with self._lock:
-            if len(self._sums) + len(entries) > self._limit:
+            if self._count + len(entries) > self._limit:
                 self._sums.clear()
+                self._count = 0
+            kept = self._sums.setdefault(scope, {})
+            before = len(kept)
             for key, version, sig, sums in entries:
-                self._sums[key] = (version, sig, sums)
+                kept[key] = (version, sig, sums)
+            self._count += len(kept) - before
 
 
 MIXED_DAYS = MixedDays()
@@ -246,17 +259,17 @@ _DEVICE_KEY = (
     + str(KEY_SCALE)
     + " + CAST(date_part('epoch', {t}) AS int8)"
 )
+_MIXED = "(CAST(:mkey AS int8[]))[mi] = key"
 _PRICED = (
-    # Each row's class and price are worked out once: OFFSET 0 keeps the planner from pulling a subquery up and
-    # copying its expressions into every sum, where they would run once per sum. A mixed day's daily row is of
-    # class 1 here (its sums come from its hours) and carries its signature.
-    "y AS (SELECT r.*, (CAST(:pcls AS int4[]))[width_bucket(key, CAST(:pkey AS int8[]))] AS c0, "
+    # Each row's class is searched for once (OFFSET 0 keeps the planner from pulling the subquery up and copying the
+    # searches into every sum, where they would run once per sum). A mixed day's daily row has no price here (its
+    # sums come from its hours) and carries its signature.
+    "y AS (SELECT r.*, (CAST(:pcls AS int4[]))[width_bucket(key, CAST(:pkey AS int8[]))] AS c, "
     "CASE WHEN daily THEN width_bucket(key, CAST(:mkey AS int8[])) ELSE 1 END AS mi FROM r OFFSET 0), "
-    "x AS (SELECT y.*, CASE WHEN (CAST(:mkey AS int8[]))[mi] = key THEN (CAST(:msig AS int8[]))[mi] END AS sig "
-    "FROM y OFFSET 0), "
-    "z AS (SELECT x.*, CASE WHEN sig IS NULL THEN c0 ELSE 1 END AS c FROM x OFFSET 0), "
-    "p AS (SELECT z.*, (CAST(:crate AS float8[]))[c] AS rate, (CAST(:csrc AS int4[]))[c] AS src, "
-    "(CAST(:cpay AS float8[]))[c] AS pay FROM z OFFSET 0) "
+    f"p AS (SELECT y.*, CASE WHEN {_MIXED} THEN (CAST(:msig AS int8[]))[mi] END AS sig, "
+    f"CASE WHEN {_MIXED} THEN 0 ELSE (CAST(:crate AS float8[]))[c] END AS rate, "
+    f"CASE WHEN {_MIXED} THEN 0 ELSE (CAST(:csrc AS int4[]))[c] END AS src, "
+    f"CASE WHEN {_MIXED} THEN 0 ELSE (CAST(:cpay AS float8[]))[c] END AS pay FROM y OFFSET 0) "
 )
 
 
@@ -276,7 +289,8 @@ def _window_sql(bound: int, shape: tuple[tuple[str, int], ...], filtered: bool) 
     return (
         f"WITH r AS ({' UNION ALL '.join(parts)}), {_PRICED}"
         f"SELECT device_id, {_sums(bound, 'rate', 'src', 'pay')}, "
-        "array_agg(t) FILTER (WHERE sig IS NOT NULL), array_agg(version) FILTER (WHERE sig IS NOT NULL), "
+        "array_agg(CAST(date_part('epoch', t) AS int8)) FILTER (WHERE sig IS NOT NULL), "
+        "array_agg(version) FILTER (WHERE sig IS NOT NULL), "
         "array_agg(sig) FILTER (WHERE sig IS NOT NULL) "
         "FROM p GROUP BY device_id"
     )
@@ -289,7 +303,8 @@ def _days_sql(bound: int) -> str:
         f"r AS (SELECT h.device_id, q.day AS t, false AS daily, {_DEVICE_KEY.format(d='h.device_id', t='h.hour')} "
         f"AS key, {_columns(bound, 1)} FROM q JOIN rollups_hourly h ON h.device_id = q.device_id "
         "AND h.hour >= q.day AND h.hour < q.day + interval '24 hours'), "
-        f"{_PRICED}SELECT device_id, t, {_sums(bound, 'rate', 'src', 'pay')} FROM p GROUP BY device_id, t"
+        f"{_PRICED}SELECT device_id, CAST(date_part('epoch', t) AS int8), {_sums(bound, 'rate', 'src', 'pay')} "
+        "FROM p GROUP BY device_id, t"
     )
 
 
@@ -342,23 +357,20 @@ def device_money(
     params["ids"] = list(devices)
     sql = _window_sql(idle_util_pct, tuple((r.table, r.sign) for r in reads), len(devices) <= 500)
     out: dict[int, DeviceMoney] = {}
-    database = str(session.get_bind().engine.url)
-    wanted: list[tuple[tuple[str, int, datetime, int], int, int]] = []
+    scope = (str(session.get_bind().engine.url), idle_util_pct)
+    wanted: list[tuple[DayKey, int, int]] = []
     for device_id, *sums, days, versions, sigs in fetch_binary(session, sql, params):
-        if days:
-            kept = memo.get_all(
-                [(database, device_id, day, idle_util_pct) for day in days], versions, sigs, missing=wanted
-            )
-            for found in kept:
-                for i, v in enumerate(found):
-                    sums[i] += v
+        kept = memo.get_all(scope, device_id, days, versions, sigs, missing=wanted) if days else None
+        if kept:
+            # Column by column (zip transposes the kept days' sums): one C-level sum per column.
+            sums = [a + sum(column) for a, column in zip(sums, zip(*kept, strict=True), strict=True)]
         out[device_id] = DeviceMoney(*sums)
     if wanted:
-        read = _read_days(session, devices, classes, [(k[1], k[2]) for k, _v, _s in wanted], idle_util_pct)
-        entries = [(key, version, sig, read.get((key[1], key[2]), ZERO)) for key, version, sig in wanted]
-        memo.put(entries)
+        read = _read_days(session, devices, classes, [key for key, _v, _s in wanted], idle_util_pct)
+        entries = [(key, version, sig, read.get(key, ZERO)) for key, version, sig in wanted]
+        memo.put(scope, entries)
         for key, _version, _sig, day_sums in entries:
-            out[key[1]] = plus(out[key[1]], day_sums)
+            out[key[0]] = plus(out[key[0]], day_sums)
     return out
 
 
@@ -366,12 +378,12 @@ def _read_days(
     session: Session,
     devices: Mapping[int, int],
     classes: PriceClasses,
-    days: Sequence[tuple[int, datetime]],
+    days: Sequence[DayKey],
     bound: int,
-) -> dict[tuple[int, datetime], DeviceMoney]:
+) -> dict[DayKey, DeviceMoney]:
     """The sums of the given device-days, read from their hourly rows, each hour at its price."""
     params = classes.device_params({d for d, _t in days}, devices) | {
         "qids": [d for d, _t in days],
-        "qdays": [t for _d, t in days],
+        "qdays": [datetime.fromtimestamp(t, UTC) for _d, t in days],
     }
     return {(row[0], row[1]): DeviceMoney(*row[2:]) for row in fetch_binary(session, _days_sql(bound), params)}
