@@ -119,9 +119,10 @@ def _sql(bound: int, shape: tuple[tuple[str, int], ...], priced: bool) -> str:
             daily = table == DAILY
             t, name = ("day", "holder_groups_daily") if daily else ("hour", "holder_groups_hourly")
             signed = ", ".join(n if sign > 0 else f"-{n} AS {n}" for n in names)
-            mixed = " AND NOT EXISTS (SELECT FROM mx WHERE mx.pk = instance_pk AND mx.day = day)" if daily else ""
+            # Qualified: mx has a column `day` too, which an unqualified name in the subquery would mean.
+            mixed = " AND NOT EXISTS (SELECT FROM mx WHERE mx.pk = g.instance_pk AND mx.day = g.day)" if daily else ""
             parts.append(
-                f"SELECT instance_pk, key, label, {t} AS t, {signed} FROM {name} "
+                f"SELECT instance_pk, key, label, {t} AS t, {signed} FROM {name} g "
                 f"WHERE grouping = :grouping AND {t} >= :t{i}a AND {t} < :t{i}b{mixed}"
             )
         parts.append(

@@ -106,14 +106,16 @@ def test_the_hours_of_a_kept_day_are_read_once(analyst: Analyst, sessions: sessi
 def test_a_holder_pays_each_hour_of_a_cut_day_at_its_price(
     analyst: Analyst, feeder: Feeder, sessions: sessionmaker[Session]
 ) -> None:
-    d0 = floor_day(feeder.t0) - 2 * timedelta(days=1)
-    _feed(feeder, d0, 36, by_ana=True)  # ana's process holds the GPU idle throughout
+    """Three days of ana's process holding the GPU idle: two cut by a price change, read hour by hour, and a third at
+    one price, read from its daily row."""
+    d0 = floor_day(feeder.t0) - 3 * timedelta(days=1)
+    _feed(feeder, d0, 60, by_ana=True)
     _pool(sessions, d0)
-    cost = 10 * 0.40 + 0.55 + 19 * 0.70 + 6 * 0.55
+    cost = 10 * 0.40 + 0.55 + 19 * 0.70 + 18 * 0.55 + 12 * 0.55
     for names in (["user"], ["instance_type", "user"]):
-        a = analyst.waste(d0, d0 + 48 * H, by_holder=True, holder_groups=names)
+        a = analyst.waste(d0, d0 + 72 * H, by_holder=True, holder_groups=names)
         (ana,) = [r for r in a.group_by(names) if r.label.endswith("ana")]
-        assert ana.figures.gpu_hours == pytest.approx(36)
+        assert ana.figures.gpu_hours == pytest.approx(60)
         assert ana.figures.cost == pytest.approx(cost) and ana.figures.idle_held_cost == pytest.approx(cost)
         assert ana.source_shares == {"spot history": 1.0}
 
