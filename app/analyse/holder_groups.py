@@ -131,7 +131,7 @@ def _sql(bound: int, shape: tuple[tuple[str, int], ...], priced: bool) -> str:
             "AND h.instance_pk = mx.pk AND h.hour >= mx.day AND h.hour < mx.day + interval '24 hours' OFFSET 0) h"
         )
         cls = (
-            f"(CAST(:pcls AS int4[]))[width_bucket(instance_pk * {KEY_SCALE} + CAST(extract(epoch FROM t) AS int8), "
+            f"(CAST(:pcls AS int4[]))[width_bucket(instance_pk * {KEY_SCALE} + CAST(date_part('epoch', t) AS int8), "
             "CAST(:pkey AS int8[]))]"
         )
         rows = f"SELECT r.*, {cls} AS cls FROM ({' UNION ALL '.join(parts)}) r"
