@@ -15,30 +15,20 @@ from datetime import datetime, timedelta
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from ..billing.prices import BILLED, SPOT_HISTORY, PricedInstance, PricePiece, price_pieces
+from ..billing.prices import BILLED, SPOT_HISTORY, PricePiece
 from .device_money import ZERO, DeviceMoney, PriceClasses, device_money, hourly_money, plus
 from .figures import GPU, SLICE, Figures, Unit
 from .fleet import Fleet, InstanceInfo
 from .states import UNPARTITIONED
 from .units import build_units, expected_s
 from .usage import DeviceUsage, mig_mode_at
-from .window import Window, ceil_day, floor_day
+from .window import Window
 
 
 def billed_until(session: Session) -> datetime | None:
     """End of the newest hour of any imported bill; None before any import."""
     newest = session.execute(text("SELECT max(newest_hour) FROM billing_exports")).scalar()
     return None if newest is None else newest + timedelta(hours=1)
-
-
-def instance_pieces(session: Session, fleet: Fleet, window: Window) -> dict[int, list[PricePiece]]:
-    """The price pieces of the fleet's instances over the whole UTC days around the window (the hours its rollup
-    reads touch: a daily row, the hours taken from it), by instance pk."""
-    wanted = [
-        PricedInstance(i.pk, i.instance_id, i.lifecycle, i.instance_type, i.availability_zone)
-        for i in fleet.instances.values()
-    ]
-    return price_pieces(session, wanted, floor_day(window.start), ceil_day(window.end))
 
 
 def pieces_in_use(fleet: Fleet, pieces: Mapping[int, list[PricePiece]]) -> dict[int, list[PricePiece]]:

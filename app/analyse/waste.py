@@ -20,7 +20,8 @@ from .fleet import Fleet
 from .grouping import GroupRow, by_value, group_rows, instance_group, per_instance, summarise
 from .holder_groups import HeldValues, held_values
 from .holders import Part, held_usage, holder_columns, split_units
-from .priced import billed_until, instance_pieces, pieces_in_use, priced_units
+from .priced import billed_until, pieces_in_use, priced_units
+from .series_prices import load_pieces
 from .states import Thresholds
 from .usage import hourly_split, window_usage
 from .window import Window
@@ -104,7 +105,8 @@ def analyse_waste(
         if device_id in fleet.gpus:
             changes.setdefault(device_id, []).append((at, bool(details.get("mig_mode"))))
     split = hourly_split(session, window, list(changes), idle_util_pct=thresholds.idle_util_pct, mode_at=changes)
-    pieces = pieces_in_use(fleet, instance_pieces(session, fleet, window))
+    # Over the whole days around the window: the hours its rollup reads touch (a daily row, the hours taken from it).
+    pieces = pieces_in_use(fleet, load_pieces(session, fleet, window.start, window.end))
     classes = price_classes(fleet, pieces)
     units = priced_units(
         session, fleet, usage, window, split, pieces, classes, idle_util_pct=thresholds.idle_util_pct, mode_at=changes

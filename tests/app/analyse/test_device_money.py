@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.analyse.device_money import MixedDays, device_money, price_classes
 from app.analyse.figures import GPU, SLICE
-from app.analyse.priced import instance_pieces
+from app.analyse.series_prices import load_pieces
 from app.analyse.states import UNPARTITIONED
 from app.analyse.window import Window, floor_day
 from app.billing.tables import spot_prices
@@ -90,7 +90,7 @@ def test_the_hours_of_a_kept_day_are_read_once(analyst: Analyst, sessions: sessi
     memo = MixedDays()
     with sessions() as session:
         fleet = analyst.fleet(session, window)
-        pieces = instance_pieces(session, fleet, window)
+        pieces = load_pieces(session, fleet, window.start, window.end)
         classes = price_classes(fleet, pieces)
         devices = {g.pk: g.instance.pk for g in fleet.gpus.values()}
         assert len(classes.mday) == 2  # both days cut by a price change
