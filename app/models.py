@@ -399,6 +399,7 @@ PARTITIONED_TABLES = ("samples", "rollups_hourly", "rollups_5m", "holder_rollups
 
 # The per-instance rollups live with their write path's weights, the holders' tables with theirs, the billing tables
 # with billing; imported here so the metadata holds them.
+from .alerts import tables as _alert_tables  # noqa: E402, F401
 from .billing import tables as _billing_tables  # noqa: E402, F401
 from .store import holder_groups as _holder_groups  # noqa: E402, F401
 from .store import holders as _holders  # noqa: E402, F401

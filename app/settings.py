@@ -135,6 +135,59 @@ class Settings(BaseSettings):
         default=600.0, ge=10, description="How often the server looks for spot price history due a read, s."
     )
 
+    # Alerts: docs/alerts.md.
+    alerts_file: Path | None = Field(
+        default=None,
+        description="TOML file of alert rules loaded at start (configuration as code); unset: rules from the "
+        "/alerts page and the API only. A file with an error stops `gpufleet serve` with one line.",
+    )
+    alerts_check_s: float = Field(default=60.0, ge=5, le=3600, description="How often rules are evaluated, s.")
+    alerts_send_s: float = Field(default=5.0, gt=0, le=300, description="How often due messages are sent, s.")
+    public_url: str | None = Field(
+        default=None,
+        description="The dashboard's address as recipients reach it, for the links in messages; unset: the "
+        "address `serve` binds.",
+    )
+    alerts_signing_key: str | None = Field(
+        default=None,
+        description="Key that signs snooze links; unset: one made at first start and kept in the database.",
+    )
+    owner_tags: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["Owner", "owner", "email"],
+        description="Instance tags naming who owns an instance, tried in order (comma-separated).",
+    )
+    user_emails: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="Addresses of the users processes run as: user=address pairs, comma-separated.",
+    )
+    smtp_host: str | None = Field(default=None, description="SMTP server for email routes; unset: no email.")
+    smtp_port: int = Field(default=587, ge=1, le=65535)
+    smtp_starttls: Literal["on", "off"] = Field(default="on", description="on: STARTTLS before anything is sent.")
+    smtp_user: str | None = Field(default=None, description="SMTP login; unset: no AUTH.")
+    smtp_password: str | None = None
+    smtp_from: str = Field(default="gpufleet@localhost", description="From address of alert email.")
+
+    @field_validator("owner_tags", mode="before")
+    @classmethod
+    def _tag_list(cls, value: object) -> object:
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list | tuple):
+            return value
+        return [str(item).strip() for item in items if str(item).strip()]
+
+    @field_validator("user_emails", mode="before")
+    @classmethod
+    def _user_emails(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        out: dict[str, str] = {}
+        for pair in filter(None, (p.strip() for p in value.split(","))):
+            user, sep, address = pair.partition("=")
+            if not sep or not user.strip() or "@" not in address:
+                raise ValueError(f"expected user=address, not {pair[:60]!r}")
+            out[user.strip()] = address.strip()
+        return out
+
     refresh_s: int = Field(default=30, ge=1, le=3600, description="How often dashboard pages refresh their figures, s.")
 
     # Access control: docs/security.md explains each.
@@ -187,7 +240,7 @@ class Settings(BaseSettings):
         load_certificates(value.expanduser())  # a file that does not load stops the server at start
         return value.expanduser()
 
-    @field_validator("auth", "cookie_secure", mode="before")
+    @field_validator("auth", "cookie_secure", "smtp_starttls", mode="before")
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.strip().lower() if isinstance(value, str) else value
@@ -229,7 +282,7 @@ class Settings(BaseSettings):
             raise ValueError(f"must be one of {', '.join(map(str, UTIL_BOUNDS))} (the rollup histogram's bounds)")
         return value
 
-    @field_validator("prices_file")
+    @field_validator("prices_file", "alerts_file")
     @classmethod
     def _expand_prices(cls, value: Path | None) -> Path | None:
         return value.expanduser() if value is not None else None
