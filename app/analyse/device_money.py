@@ -1,10 +1,10 @@
 """What each device's hours cost at the price of each hour, summed over a window in one query however many price
 pieces there are (app/billing/prices.py): the money side of the window analysis (app/analyse/priced.py).
 
-A rollup row finds its price class without a join: the pieces go in as one sorted array of keys (instance pk x 10^10
-+ epoch seconds, as app/analyse/series_prices.py), which `width_bucket` searches for the row's key. A class is a
-price per GPU-second, its source (billed or spot history) and whether it pays for offline time; class 1 is "no
-piece": the instance's own price, applied by the caller.
+A rollup row finds its price class without a join or a search: the classes of each instance at each day (or hour)
+of a read go in as one array laid out by instance and time (app/analyse/price_grid.py), which the row subscripts
+at its instance's slot and its time. A class is a price per GPU-second, its source (billed or spot history) and
+whether it pays for offline time; class 1 is "no piece": the instance's own price, applied by the caller.
 
 A daily row whose day a piece boundary cuts (a "mixed" day) has no one price. Its sums are those of its hourly
 rows, each at its hour's price; they are kept in this process (`MixedDays`), keyed by the daily row's version
@@ -28,11 +28,13 @@ from ..billing.prices import BILLED, PricePiece
 from ..db import fetch_binary
 from ..models import UTIL_BOUNDS
 from .fleet import Fleet
-from .window import DAILY, RollupRead
+from .price_grid import MIXED, Grid, Run, class_sql, section_params
+from .window import DAILY, HOURLY, RollupRead
 
-KEY_SCALE = 10_000_000_000
-"""A key is instance pk x this + epoch seconds: exact in int8 for pks under 9 x 10^8."""
 DAY_S = 86_400
+HOUR_S = 3_600
+DayKey = tuple[int, int]
+"""A device-day or an instance-day: device id or instance pk, epoch seconds of its UTC midnight."""
 NO_PIECE, FROM_BILL, FROM_SPOT = 0, 1, 2
 """A class's source code: the instance's own price, the bill, the spot price history."""
 
@@ -74,50 +76,55 @@ def plus(a: Sequence[float], b: Sequence[float]) -> DeviceMoney:
 
 @dataclass
 class PriceClasses:
-    """The pieces as query arrays: keys ascending (`pkey`, starting below every other key, at class 1) with their
-    class (`pcls`); per class, its USD per GPU-second (`crate`), source code (`csrc`) and USD per GPU-second of
-    paid-offline capacity (`cpay`); and the mixed instance-days (`mpk`, `mday`) with their prices' signature."""
+    """The pieces as price classes: per class (1-based, class 1 being "no piece"), its USD per GPU-second (`crate`),
+    source code (`csrc`) and USD per GPU-second of paid-offline capacity (`cpay`); per instance pk, its runs of one
+    class (time-ordered, apart); and the mixed instance-days (pk, epoch seconds of the UTC midnight) with their
+    prices' signature."""
 
-    pkey: list[int] = field(default_factory=lambda: [-1])
-    pcls: list[int] = field(default_factory=lambda: [1])
     crate: list[float] = field(default_factory=lambda: [0.0])
     csrc: list[int] = field(default_factory=lambda: [NO_PIECE])
     cpay: list[float] = field(default_factory=lambda: [0.0])
-    mpk: list[int] = field(default_factory=list)
-    mday: list[datetime] = field(default_factory=list)
-    msig: list[int] = field(default_factory=list)
+    runs: dict[int, list[Run]] = field(default_factory=dict)
+    mixed: dict[DayKey, int] = field(default_factory=dict)
     _classes: dict[tuple[float, int, float], int] = field(default_factory=lambda: {(0.0, NO_PIECE, 0.0): 1})
 
+    @property
+    def priced(self) -> bool:
+        """Whether any hour has a price of a piece."""
+        return bool(self.runs)
+
     def params(self) -> dict[str, Any]:
-        """The query arrays keyed by instance."""
-        return {n: getattr(self, n) for n in ("pkey", "pcls", "crate", "csrc", "cpay")}
+        """The class arrays."""
+        return {"crate": self.crate, "csrc": self.csrc, "cpay": self.cpay}
 
-    def device_params(self, devices: Iterable[int], instance_of: Mapping[int, int]) -> dict[str, Any]:
-        """The query arrays for rows of `devices`: those keyed by instance, the mixed days (`mkey`: ascending keys of
-        the instance and midnight, `msig`: their signatures, each after one below every other), and each device's
-        instance pk (`dpk`, at device id - `dmin` + 1). Arrays stay small: an array's every read costs in
-        proportion to its size."""
-        ids = list(devices)
-        dmin = min(ids, default=0)
-        dpk = [0] * (max(ids, default=0) - dmin + 1)
-        for device in ids:
-            dpk[device - dmin] = instance_of[device]
-        mkey = [-1, *(pk * KEY_SCALE + int(day.timestamp()) for pk, day in zip(self.mpk, self.mday, strict=True))]
-        return self.params() | {"mkey": mkey, "msig": [0, *self.msig], "dpk": dpk, "dmin": dmin}
-
-    def key(self, pk: int, at: int, price: tuple[float, int, float] = (0.0, NO_PIECE, 0.0)) -> None:
+    def class_of(self, price: tuple[float, int, float]) -> int:
         c = self._classes.get(price)
         if c is None:
             c = self._classes[price] = len(self._classes) + 1
             self.crate.append(price[0])
             self.csrc.append(price[1])
             self.cpay.append(price[2])
-        self.pkey.append(pk * KEY_SCALE + at)
-        self.pcls.append(c)
+        return c
+
+    def read_sections(self, grid: Grid, pks: Sequence[int], reads: Sequence[RollupRead]) -> dict[str, int]:
+        """A section of `grid` per read (parameters r0, r1, ...: app/analyse/price_grid.py `class_sql`) over `pks`
+        in slot order: by day for a daily read, whose mixed days are `MIXED`, by hour for an hourly one."""
+        params: dict[str, int] = {}
+        for i, r in enumerate(reads):
+            step = DAY_S if r.table == DAILY else HOUR_S
+            a = int(r.start.timestamp())
+            n = (int(r.end.timestamp()) - a) // step
+            mixed = self.mixed if r.table == DAILY else ()
+            params |= section_params(f"r{i}", grid.section(self.runs, pks, a, step, n, mixed), n, a, step)
+        return params
+
+    def day_sections(self, grid: Grid, days: Iterable[DayKey]) -> dict[DayKey, int]:
+        """A section of `grid` per instance-day, its 24 hours; each one's first index."""
+        return {(pk, day): grid.section(self.runs, (pk,), day, HOUR_S, 24) for pk, day in days}
 
 
 def price_classes(fleet: Fleet, pieces: Mapping[int, Sequence[PricePiece]]) -> PriceClasses:
-    """The pieces (time-ordered, apart, by instance pk) as query arrays. A piece of an instance whose GPU count is
+    """The pieces (time-ordered, apart, by instance pk) as price classes. A piece of an instance whose GPU count is
     unknown has no price per GPU and changes nothing. Work in proportion to the pieces."""
     out = PriceClasses()
     for pk in sorted(pieces):
@@ -136,23 +143,14 @@ def price_classes(fleet: Fleet, pieces: Mapping[int, Sequence[PricePiece]]) -> P
                 runs[-1] = (runs[-1][0], b, price)
             else:
                 runs.append((a, b, price))
-        last: int | None = None
-        cuts: set[int] = set()
-        for a, b, price in runs:
-            if last is not None and last != a:
-                out.key(pk, last)
-            out.key(pk, a, price)
-            last = b
-            # A boundary inside a day (not at its midnight) gives that day more than one price.
-            cuts.update(t - t % DAY_S for t in (a, b) if t % DAY_S)
-        if last is not None:
-            out.key(pk, last)
+        if not runs:
+            continue
+        out.runs[pk] = [(a, b, out.class_of(price)) for a, b, price in runs]
+        # A boundary inside a day (not at its midnight) gives that day more than one price.
+        cuts = {t - t % DAY_S for a, b, _p in runs for t in (a, b) if t % DAY_S}
         for day in sorted(cuts):
             inside = [(max(a, day), min(b, day + DAY_S), p) for a, b, p in runs if a < day + DAY_S and b > day]
-            sig = _signature(inside)
-            out.mpk.append(pk)
-            out.mday.append(datetime.fromtimestamp(day, UTC))
-            out.msig.append(sig)
+            out.mixed[(pk, day)] = _signature(inside)
     return out
 
 
@@ -160,10 +158,6 @@ def _signature(runs: Sequence[tuple[int, int, tuple[float, int, float]]]) -> int
     """The prices of one instance-day as a signed 64-bit number: two days with the same one are priced alike."""
     digest = hashlib.blake2b(repr(runs).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
-
-
-DayKey = tuple[int, int]
-"""A device-day: device id, epoch seconds of its UTC midnight."""
 
 
 class MixedDays:
@@ -250,27 +244,20 @@ def _columns(bound: int, sign: int) -> str:
     )
 
 
-# Each query works out a row's class and its price once (OFFSET 0 keeps the planner from pulling the subquery up and
-# copying the expressions into every sum, where they would run once per sum).
-# A row's key: its device's instance (`dpk`) and its time. date_part gives float8, which is cheaper than extract's
-# numeric.
-_DEVICE_KEY = (
-    "CAST((CAST(:dpk AS int4[]))[{d} - :dmin + 1] AS int8) * "
-    + str(KEY_SCALE)
-    + " + CAST(date_part('epoch', {t}) AS int8)"
-)
-_MIXED = "(CAST(:mkey AS int8[]))[mi] = key"
+_SLOT = "(CAST(:dslot AS int4[]))[{d} - CAST(:dmin AS int4) + 1]"
+"""A device's instance's slot in the grid (0: none)."""
+# Each query works out a row's price once (OFFSET 0 keeps the planner from pulling the subquery up and copying the
+# expressions into every sum, where they would run once per sum). A mixed day's daily row has no price here: its
+# sums come from its hours.
 _PRICED = (
-    # Each row's class is searched for once (OFFSET 0 keeps the planner from pulling the subquery up and copying the
-    # searches into every sum, where they would run once per sum). A mixed day's daily row has no price here (its
-    # sums come from its hours) and carries its signature.
-    "y AS (SELECT r.*, (CAST(:pcls AS int4[]))[width_bucket(key, CAST(:pkey AS int8[]))] AS c, "
-    "CASE WHEN daily THEN width_bucket(key, CAST(:mkey AS int8[])) ELSE 1 END AS mi FROM r OFFSET 0), "
-    f"p AS (SELECT y.*, CASE WHEN {_MIXED} THEN (CAST(:msig AS int8[]))[mi] END AS sig, "
-    f"CASE WHEN {_MIXED} THEN 0 ELSE (CAST(:crate AS float8[]))[c] END AS rate, "
-    f"CASE WHEN {_MIXED} THEN 0 ELSE (CAST(:csrc AS int4[]))[c] END AS src, "
-    f"CASE WHEN {_MIXED} THEN 0 ELSE (CAST(:cpay AS float8[]))[c] END AS pay FROM y OFFSET 0) "
+    "p AS (SELECT r.*, CASE WHEN c = 0 THEN 0 ELSE (CAST(:crate AS float8[]))[c] END AS rate, "
+    "CASE WHEN c = 0 THEN 0 ELSE (CAST(:csrc AS int4[]))[c] END AS src, "
+    "CASE WHEN c = 0 THEN 0 ELSE (CAST(:cpay AS float8[]))[c] END AS pay FROM r OFFSET 0) "
 )
+
+
+def _row_class(section: str, d: str, t: str) -> str:
+    return class_sql("g", _SLOT.format(d=d), f"date_part('epoch', {t})", section)
 
 
 @lru_cache(maxsize=64)
@@ -282,26 +269,27 @@ def _window_sql(bound: int, shape: tuple[tuple[str, int], ...], filtered: bool) 
         t, name = ("day", "rollups_daily") if daily else ("hour", "rollups_hourly")
         version = "CAST(CAST(xmin AS text) AS int8)" if daily else "CAST(0 AS int8)"
         parts.append(
-            f"SELECT device_id, {t} AS t, {'true' if daily else 'false'} AS daily, {version} AS version, "
-            f"{_DEVICE_KEY.format(d='device_id', t=t)} AS key, {_columns(bound, sign)} FROM {name} "
-            f"WHERE {t} >= :t{i}a AND {t} < :t{i}b{only}"
+            f"SELECT device_id, {t} AS t, {version} AS version, {_row_class(f'r{i}', 'device_id', t)} AS c, "
+            f"{_columns(bound, sign)} FROM {name} WHERE {t} >= :t{i}a AND {t} < :t{i}b{only}"
         )
     return (
         f"WITH r AS ({' UNION ALL '.join(parts)}), {_PRICED}"
         f"SELECT device_id, {_sums(bound, 'rate', 'src', 'pay')}, "
-        "array_agg(CAST(date_part('epoch', t) AS int8)) FILTER (WHERE sig IS NOT NULL), "
-        "array_agg(version) FILTER (WHERE sig IS NOT NULL), "
-        "array_agg(sig) FILTER (WHERE sig IS NOT NULL) "
+        f"array_agg(CAST(date_part('epoch', t) AS int8)) FILTER (WHERE c = {MIXED}), "
+        f"array_agg(version) FILTER (WHERE c = {MIXED}) "
         "FROM p GROUP BY device_id"
     )
 
 
 @lru_cache(maxsize=8)
 def _days_sql(bound: int) -> str:
+    # Each device-day's hours find their classes in the section of its instance-day (`o`: its first index).
+    hour_of_day = "CAST((date_part('epoch', h.hour) - date_part('epoch', q.day)) / 3600 AS int4)"
     return (
-        "WITH q AS (SELECT * FROM unnest(CAST(:qids AS int4[]), CAST(:qdays AS timestamptz[])) AS q(device_id, day)), "
-        f"r AS (SELECT h.device_id, q.day AS t, false AS daily, {_DEVICE_KEY.format(d='h.device_id', t='h.hour')} "
-        f"AS key, {_columns(bound, 1)} FROM q JOIN rollups_hourly h ON h.device_id = q.device_id "
+        "WITH q AS (SELECT * FROM unnest(CAST(:qids AS int4[]), CAST(:qdays AS timestamptz[]), "
+        "CAST(:qo AS int4[])) AS q(device_id, day, o)), "
+        f"r AS (SELECT h.device_id, q.day AS t, (CAST(:g AS int4[]))[q.o + {hour_of_day}] AS c, "
+        f"{_columns(bound, 1)} FROM q JOIN rollups_hourly h ON h.device_id = q.device_id "
         "AND h.hour >= q.day AND h.hour < q.day + interval '24 hours'), "
         f"{_PRICED}SELECT device_id, CAST(date_part('epoch', t) AS int8), {_sums(bound, 'rate', 'src', 'pay')} "
         "FROM p GROUP BY device_id, t"
@@ -311,11 +299,23 @@ def _days_sql(bound: int) -> str:
 @lru_cache(maxsize=8)
 def _hours_sql(bound: int) -> str:
     return (
-        f"WITH r AS (SELECT device_id, hour AS t, false AS daily, {_DEVICE_KEY.format(d='device_id', t='hour')} "
-        f"AS key, {_columns(bound, 1)} FROM rollups_hourly "
-        "WHERE device_id = ANY(CAST(:ids AS int4[])) AND hour >= :a AND hour < :b), "
+        f"WITH r AS (SELECT device_id, hour AS t, {_row_class('r0', 'device_id', 'hour')} AS c, "
+        f"{_columns(bound, 1)} FROM rollups_hourly "
+        "WHERE device_id = ANY(CAST(:ids AS int4[])) AND hour >= :t0a AND hour < :t0b), "
         f"{_PRICED}SELECT device_id, t, {_sums(bound, 'rate', 'src', 'pay')} FROM p GROUP BY device_id, t"
     )
+
+
+def _device_params(classes: PriceClasses, devices: Mapping[int, int]) -> tuple[list[int], dict[str, Any]]:
+    """The instances of `devices` (device id -> instance pk) in slot order, and the class arrays with each device's
+    instance slot (`dslot`, at device id - `dmin` + 1). Arrays stay small while device ids lie close together."""
+    pks = sorted(set(devices.values()))
+    slot = {pk: i for i, pk in enumerate(pks, start=1)}
+    dmin = min(devices, default=0)
+    dslot = [0] * (max(devices, default=0) - dmin + 1)
+    for device, pk in devices.items():
+        dslot[device - dmin] = slot[pk]
+    return pks, classes.params() | {"dslot": dslot, "dmin": dmin}
 
 
 def hourly_money(
@@ -331,7 +331,10 @@ def hourly_money(
     hour by hour: for the few GPUs whose MIG mode changed in a window, whose hours count by mode."""
     if not devices:
         return {}
-    params = classes.device_params(devices, devices) | {"ids": list(devices), "a": start, "b": end}
+    pks, params = _device_params(classes, devices)
+    grid = Grid()
+    params |= classes.read_sections(grid, pks, [RollupRead(HOURLY, start, end, 1)])
+    params |= {"g": grid.values, "ids": list(devices), "t0a": start, "t0b": end}
     out: dict[int, list[tuple[datetime, DeviceMoney]]] = {}
     for device_id, hour, *sums in fetch_binary(session, _hours_sql(idle_util_pct), params):
         out.setdefault(device_id, []).append((hour, DeviceMoney(*sums)))
@@ -351,7 +354,10 @@ def device_money(
     `reads` of a window; a device with no row in them is left out."""
     if not devices or not reads:
         return {}
-    params = classes.device_params(devices, devices)
+    pks, params = _device_params(classes, devices)
+    grid = Grid()
+    params |= classes.read_sections(grid, pks, reads)
+    params["g"] = grid.values
     for i, r in enumerate(reads):
         params[f"t{i}a"], params[f"t{i}b"] = r.start, r.end
     params["ids"] = list(devices)
@@ -359,11 +365,15 @@ def device_money(
     out: dict[int, DeviceMoney] = {}
     scope = (str(session.get_bind().engine.url), idle_util_pct)
     wanted: list[tuple[DayKey, int, int]] = []
-    for device_id, *sums, days, versions, sigs in fetch_binary(session, sql, params):
-        kept = memo.get_all(scope, device_id, days, versions, sigs, missing=wanted) if days else None
-        if kept:
-            # Column by column (zip transposes the kept days' sums): one C-level sum per column.
-            sums = [a + sum(column) for a, column in zip(sums, zip(*kept, strict=True), strict=True)]
+    mixed = classes.mixed
+    for device_id, *sums, days, versions in fetch_binary(session, sql, params):
+        if days:
+            pk = devices[device_id]
+            sigs = [mixed[(pk, day)] for day in days]
+            kept = memo.get_all(scope, device_id, days, versions, sigs, missing=wanted)
+            if kept:
+                # Column by column (zip transposes the kept days' sums): one C-level sum per column.
+                sums = [a + sum(column) for a, column in zip(sums, zip(*kept, strict=True), strict=True)]
         out[device_id] = DeviceMoney(*sums)
     if wanted:
         read = _read_days(session, devices, classes, [key for key, _v, _s in wanted], idle_util_pct)
@@ -382,8 +392,12 @@ def _read_days(
     bound: int,
 ) -> dict[DayKey, DeviceMoney]:
     """The sums of the given device-days, read from their hourly rows, each hour at its price."""
-    params = classes.device_params({d for d, _t in days}, devices) | {
+    grid = Grid()
+    first = classes.day_sections(grid, {(devices[d], t) for d, t in days})
+    params = classes.params() | {
+        "g": grid.values,
         "qids": [d for d, _t in days],
         "qdays": [datetime.fromtimestamp(t, UTC) for _d, t in days],
+        "qo": [first[(devices[d], t)] for d, t in days],
     }
     return {(row[0], row[1]): DeviceMoney(*row[2:]) for row in fetch_binary(session, _days_sql(bound), params)}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any, NamedTuple
 
@@ -19,8 +19,9 @@ from sqlalchemy.orm import Session
 from ..billing.prices import BILLED, SPOT_HISTORY
 from ..db import fetch_binary
 from ..models import UTIL_BOUNDS
-from .device_money import FROM_BILL, FROM_SPOT, KEY_SCALE, PriceClasses
+from .device_money import FROM_BILL, FROM_SPOT, PriceClasses
 from .figures import Figures
+from .price_grid import MIXED, Grid, class_sql, slots
 from .window import DAILY, RollupRead, Window, union_of_reads
 
 MISSING = {
@@ -105,6 +106,10 @@ class HeldValues:
     sums: list[ValueSums]
 
 
+_SLOT = "(CAST(:islot AS int4[]))[instance_pk - CAST(:imin AS int8) + 1]"
+"""A row's instance's slot in the grid (0: none)."""
+
+
 @lru_cache(maxsize=64)
 def _sql(bound: int, shape: tuple[tuple[str, int], ...], priced: bool) -> str:
     if bound not in UTIL_BOUNDS:
@@ -116,26 +121,26 @@ def _sql(bound: int, shape: tuple[tuple[str, int], ...], priced: bool) -> str:
         # from its hourly rows instead of its daily row, through the (grouping, instance_pk, time) index.
         parts = []
         for i, (table, sign) in enumerate(shape):
-            daily = table == DAILY
-            t, name = ("day", "holder_groups_daily") if daily else ("hour", "holder_groups_hourly")
+            t, name = ("day", "holder_groups_daily") if table == DAILY else ("hour", "holder_groups_hourly")
             signed = ", ".join(n if sign > 0 else f"-{n} AS {n}" for n in names)
-            # Qualified: mx has a column `day` too, which an unqualified name in the subquery would mean.
-            mixed = " AND NOT EXISTS (SELECT FROM mx WHERE mx.pk = g.instance_pk AND mx.day = g.day)" if daily else ""
+            cls = class_sql("g", _SLOT, f"date_part('epoch', {t})", f"r{i}")
             parts.append(
-                f"SELECT instance_pk, key, label, {t} AS t, {signed} FROM {name} g "
-                f"WHERE grouping = :grouping AND {t} >= :t{i}a AND {t} < :t{i}b{mixed}"
+                f"SELECT instance_pk, key, label, {t} AS t, {cls} AS cls, {signed} FROM {name} "
+                f"WHERE grouping = :grouping AND {t} >= :t{i}a AND {t} < :t{i}b"
             )
+        hour_of_day = "CAST((date_part('epoch', h.hour) - date_part('epoch', mx.day)) / 3600 AS int4)"
         parts.append(
-            f"SELECT h.instance_pk, h.key, h.label, h.hour AS t, {', '.join('h.' + n for n in names)} FROM mx "
+            f"SELECT h.instance_pk, h.key, h.label, h.hour AS t, (CAST(:g AS int4[]))[mx.o + {hour_of_day}] AS cls, "
+            f"{', '.join('h.' + n for n in names)} FROM mx "
             "CROSS JOIN LATERAL (SELECT * FROM holder_groups_hourly h WHERE h.grouping = :grouping "
             "AND h.instance_pk = mx.pk AND h.hour >= mx.day AND h.hour < mx.day + interval '24 hours' OFFSET 0) h"
         )
-        cls = (
-            f"(CAST(:pcls AS int4[]))[width_bucket(instance_pk * {KEY_SCALE} + CAST(date_part('epoch', t) AS int8), "
-            "CAST(:pkey AS int8[]))]"
+        # A daily row of a mixed day (class 0) is left out: that day's hours stand for it.
+        rows = f"SELECT * FROM ({' UNION ALL '.join(parts)}) r WHERE cls <> {MIXED}"
+        withs = (
+            "mx AS (SELECT * FROM unnest(CAST(:mpk AS int8[]), CAST(:mday AS timestamptz[]), CAST(:mo AS int4[])) "
+            "AS mx(pk, day, o)), "
         )
-        rows = f"SELECT r.*, {cls} AS cls FROM ({' UNION ALL '.join(parts)}) r"
-        withs = "mx AS (SELECT * FROM unnest(CAST(:mpk AS int8[]), CAST(:mday AS timestamptz[])) AS mx(pk, day)), "
         keys = "instance_pk, key, cls"
     else:
         rows = union_of_reads(
@@ -203,17 +208,22 @@ def held_values(
     }
     for i, r in enumerate(reads):
         params[f"t{i}a"], params[f"t{i}b"] = r.start, r.end
-    priced = classes is not None and len(classes.pkey) > 1
+    priced = classes is not None and classes.priced
     if priced:
         assert classes is not None
-        params |= classes.params()
-        # Only the cut days read whole from the daily table are read hour by hour instead.
-        days = [(pk, day) for pk, day in zip(classes.mpk, classes.mday, strict=True) if _read_daily(reads, day)]
-        params["mpk"], params["mday"] = [pk for pk, _d in days], [d for _pk, d in days]
+        pks = sorted(classes.runs)
+        grid = Grid()
+        params |= classes.params() | classes.read_sections(grid, pks, reads)
+        params["islot"], params["imin"] = slots(pks)
+        # The mixed days read whole from the daily table are read hour by hour instead.
+        days = [(pk, day) for pk, day in classes.mixed if _read_daily(reads, day)]
+        first = classes.day_sections(grid, days)
+        params["mpk"], params["mday"] = [pk for pk, _d in days], [datetime.fromtimestamp(d, UTC) for _pk, d in days]
+        params["mo"], params["g"] = [first[key] for key in days], grid.values
     sql = _sql(idle_util_pct, tuple((r.table, r.sign) for r in reads), priced)
     make = ValueSums._make
     return [make(row) for row in fetch_binary(session, sql, params)]
 
 
-def _read_daily(reads: Sequence[RollupRead], day: datetime) -> bool:
-    return any(r.table == DAILY and r.start <= day < r.end for r in reads)
+def _read_daily(reads: Sequence[RollupRead], day: int) -> bool:
+    return any(r.table == DAILY and r.start.timestamp() <= day < r.end.timestamp() for r in reads)

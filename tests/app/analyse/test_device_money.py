@@ -93,7 +93,7 @@ def test_the_hours_of_a_kept_day_are_read_once(analyst: Analyst, sessions: sessi
         pieces = load_pieces(session, fleet, window.start, window.end)
         classes = price_classes(fleet, pieces)
         devices = {g.pk: g.instance.pk for g in fleet.gpus.values()}
-        assert len(classes.mday) == 2  # both days cut by a price change
+        assert len(classes.mixed) == 2  # both days cut by a price change
         first = device_money(session, devices, classes, window.rollup_reads(), idle_util_pct=5, memo=memo)
         assert len(memo) == 2
         again = device_money(session, devices, classes, window.rollup_reads(), idle_util_pct=5, memo=memo)
