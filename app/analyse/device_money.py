@@ -2,7 +2,7 @@
 pieces there are (app/billing/prices.py): the money side of the window analysis (app/analyse/priced.py).
 
 A rollup row finds its price class without a join or a search: the classes of each instance at each day (or hour)
-of a read go in as one array laid out by instance and time (app/analyse/price_grid.py), which the row subscripts
+of a read go in as one array laid out by instance and time (app/analyse/price_classes.py), which the row subscripts
 at its instance's slot and its time. A class is a price per GPU-second, its source (billed or spot history) and
 whether it pays for offline time; class 1 is "no piece": the instance's own price, applied by the caller.
 
@@ -14,29 +14,19 @@ not on every view. Reading them again gives the same figures; the memo only save
 
 from __future__ import annotations
 
-import hashlib
 import threading
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any, NamedTuple
 
 from sqlalchemy.orm import Session
 
-from ..billing.prices import BILLED, PricePiece
 from ..db import fetch_binary
 from ..models import UTIL_BOUNDS
-from .fleet import Fleet
-from .price_grid import MIXED, Grid, Run, class_sql, section_params
+from .price_classes import FROM_BILL, FROM_SPOT, MIXED, DayKey, Grid, PriceClasses, class_sql
+from .usage import DeviceUsage
 from .window import DAILY, HOURLY, RollupRead
-
-DAY_S = 86_400
-HOUR_S = 3_600
-DayKey = tuple[int, int]
-"""A device-day or an instance-day: device id or instance pk, epoch seconds of its UTC midnight."""
-NO_PIECE, FROM_BILL, FROM_SPOT = 0, 1, 2
-"""A class's source code: the instance's own price, the bill, the spot price history."""
 
 
 class DeviceMoney(NamedTuple):
@@ -72,92 +62,6 @@ ZERO = DeviceMoney(*([0.0] * len(DeviceMoney._fields)))
 
 def plus(a: Sequence[float], b: Sequence[float]) -> DeviceMoney:
     return DeviceMoney(*[x + y for x, y in zip(a, b, strict=True)])
-
-
-@dataclass
-class PriceClasses:
-    """The pieces as price classes: per class (1-based, class 1 being "no piece"), its USD per GPU-second (`crate`),
-    source code (`csrc`) and USD per GPU-second of paid-offline capacity (`cpay`); per instance pk, its runs of one
-    class (time-ordered, apart); and the mixed instance-days (pk, epoch seconds of the UTC midnight) with their
-    prices' signature."""
-
-    crate: list[float] = field(default_factory=lambda: [0.0])
-    csrc: list[int] = field(default_factory=lambda: [NO_PIECE])
-    cpay: list[float] = field(default_factory=lambda: [0.0])
-    runs: dict[int, list[Run]] = field(default_factory=dict)
-    mixed: dict[DayKey, int] = field(default_factory=dict)
-    _classes: dict[tuple[float, int, float], int] = field(default_factory=lambda: {(0.0, NO_PIECE, 0.0): 1})
-
-    @property
-    def priced(self) -> bool:
-        """Whether any hour has a price of a piece."""
-        return bool(self.runs)
-
-    def params(self) -> dict[str, Any]:
-        """The class arrays."""
-        return {"crate": self.crate, "csrc": self.csrc, "cpay": self.cpay}
-
-    def class_of(self, price: tuple[float, int, float]) -> int:
-        c = self._classes.get(price)
-        if c is None:
-            c = self._classes[price] = len(self._classes) + 1
-            self.crate.append(price[0])
-            self.csrc.append(price[1])
-            self.cpay.append(price[2])
-        return c
-
-    def read_sections(self, grid: Grid, pks: Sequence[int], reads: Sequence[RollupRead]) -> dict[str, int]:
-        """A section of `grid` per read (parameters r0, r1, ...: app/analyse/price_grid.py `class_sql`) over `pks`
-        in slot order: by day for a daily read, whose mixed days are `MIXED`, by hour for an hourly one."""
-        params: dict[str, int] = {}
-        for i, r in enumerate(reads):
-            step = DAY_S if r.table == DAILY else HOUR_S
-            a = int(r.start.timestamp())
-            n = (int(r.end.timestamp()) - a) // step
-            mixed = self.mixed if r.table == DAILY else ()
-            params |= section_params(f"r{i}", grid.section(self.runs, pks, a, step, n, mixed), n, a, step)
-        return params
-
-    def day_sections(self, grid: Grid, days: Iterable[DayKey]) -> dict[DayKey, int]:
-        """A section of `grid` per instance-day, its 24 hours; each one's first index."""
-        return {(pk, day): grid.section(self.runs, (pk,), day, HOUR_S, 24) for pk, day in days}
-
-
-def price_classes(fleet: Fleet, pieces: Mapping[int, Sequence[PricePiece]]) -> PriceClasses:
-    """The pieces (time-ordered, apart, by instance pk) as price classes. A piece of an instance whose GPU count is
-    unknown has no price per GPU and changes nothing. Work in proportion to the pieces."""
-    out = PriceClasses()
-    for pk in sorted(pieces):
-        inst = fleet.instances.get(pk)
-        gpus = inst.price.gpus if inst is not None else None
-        if not gpus:
-            continue
-        runs: list[tuple[int, int, tuple[float, int, float]]] = []
-        for piece in pieces[pk]:
-            a, b = int(piece.start.timestamp()), int(piece.end.timestamp())
-            if b <= a:
-                continue
-            rate = piece.usd_per_hour / gpus / 3600
-            price = (rate, FROM_BILL if piece.source == BILLED else FROM_SPOT, rate if piece.paid_offline else 0.0)
-            if runs and runs[-1][1] == a and runs[-1][2] == price:
-                runs[-1] = (runs[-1][0], b, price)
-            else:
-                runs.append((a, b, price))
-        if not runs:
-            continue
-        out.runs[pk] = [(a, b, out.class_of(price)) for a, b, price in runs]
-        # A boundary inside a day (not at its midnight) gives that day more than one price.
-        cuts = {t - t % DAY_S for a, b, _p in runs for t in (a, b) if t % DAY_S}
-        for day in sorted(cuts):
-            inside = [(max(a, day), min(b, day + DAY_S), p) for a, b, p in runs if a < day + DAY_S and b > day]
-            out.mixed[(pk, day)] = _signature(inside)
-    return out
-
-
-def _signature(runs: Sequence[tuple[int, int, tuple[float, int, float]]]) -> int:
-    """The prices of one instance-day as a signed 64-bit number: two days with the same one are priced alike."""
-    digest = hashlib.blake2b(repr(runs).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
 
 
 class MixedDays:
@@ -240,7 +144,7 @@ def _columns(bound: int, sign: int) -> str:
     neg = "" if sign > 0 else "-"
     return (
         f"{neg}secs AS secs, {neg}util_known_s AS known, {neg}util_sum AS usum, "
-        f"{neg}util_lt{bound}_s AS below, {neg}free_lt{bound}_s AS free"
+        f"{neg}util_lt{bound}_s AS below, {neg}free_lt{bound}_s AS free, {neg}no_proc_s AS noproc"
     )
 
 
@@ -274,11 +178,17 @@ def _window_sql(bound: int, shape: tuple[tuple[str, int], ...], filtered: bool) 
         )
     return (
         f"WITH r AS ({' UNION ALL '.join(parts)}), {_PRICED}"
-        f"SELECT device_id, {_sums(bound, 'rate', 'src', 'pay')}, "
+        f"SELECT device_id, {_USAGE_SUMS}, {_sums(bound, 'rate', 'src', 'pay')}, "
         f"array_agg(CAST(date_part('epoch', t) AS int8)) FILTER (WHERE c = {MIXED}), "
         f"array_agg(version) FILTER (WHERE c = {MIXED}) "
         "FROM p GROUP BY device_id"
     )
+
+
+_USAGE_SUMS = ", ".join(
+    f"CAST(COALESCE(sum({c}), 0) AS float8)" for c in ("secs", "known", "usum", "below", "free", "noproc")
+)
+"""A device's usage (app/analyse/usage.py `DeviceUsage`), from the same rows."""
 
 
 @lru_cache(maxsize=8)
@@ -348,25 +258,53 @@ def device_money(
     reads: Sequence[RollupRead],
     *,
     idle_util_pct: int,
-    memo: MixedDays = MIXED_DAYS,
+    memo: MixedDays | None = None,
 ) -> dict[int, DeviceMoney]:
     """Per device of `devices` (device id -> instance pk), its hours in the pieces of `classes` over the rollup
     `reads` of a window; a device with no row in them is left out."""
-    if not devices or not reads:
-        return {}
+    ids = list(devices) if len(devices) <= 500 else None
+    _usage, money = usage_and_money(
+        session, devices, classes, reads, idle_util_pct=idle_util_pct, device_ids=ids, memo=memo
+    )
+    return {d: m for d, m in money.items() if d in devices}
+
+
+def usage_and_money(
+    session: Session,
+    devices: Mapping[int, int],
+    classes: PriceClasses,
+    reads: Sequence[RollupRead],
+    *,
+    idle_util_pct: int,
+    device_ids: Sequence[int] | None,
+    memo: MixedDays | None = None,
+) -> tuple[dict[int, DeviceUsage], dict[int, DeviceMoney]]:
+    """Per device of `device_ids` (None: every device), its usage over the rollup `reads` of a window (as
+    app/analyse/usage.py `usage_of_reads` gives it) and its hours in the pieces of `classes`, in one read of the rows;
+    money is that of the devices of `devices` (device id -> instance pk), nothing for the others. A device with no
+    row in the reads is left out."""
+    if not reads or (device_ids is not None and not device_ids):
+        return {}, {}
+    memo = MIXED_DAYS if memo is None else memo
     pks, params = _device_params(classes, devices)
     grid = Grid()
     params |= classes.read_sections(grid, pks, reads)
     params["g"] = grid.values
     for i, r in enumerate(reads):
         params[f"t{i}a"], params[f"t{i}b"] = r.start, r.end
-    params["ids"] = list(devices)
-    sql = _window_sql(idle_util_pct, tuple((r.table, r.sign) for r in reads), len(devices) <= 500)
+    if device_ids is not None:
+        params["ids"] = list(device_ids)
+    sql = _window_sql(idle_util_pct, tuple((r.table, r.sign) for r in reads), device_ids is not None)
+    usage: dict[int, DeviceUsage] = {}
     out: dict[int, DeviceMoney] = {}
     scope = (str(session.get_bind().engine.url), idle_util_pct)
     wanted: list[tuple[DayKey, int, int]] = []
     mixed = classes.mixed
-    for device_id, *sums, days, versions in fetch_binary(session, sql, params):
+    n_usage = len(DeviceUsage._fields)
+    for row in fetch_binary(session, sql, params):
+        device_id, days, versions = row[0], row[-2], row[-1]
+        usage[device_id] = DeviceUsage._make(row[:n_usage])
+        sums: Sequence[float] = row[n_usage:-2]
         if days:
             pk = devices[device_id]
             sigs = [mixed[(pk, day)] for day in days]
@@ -381,7 +319,7 @@ def device_money(
         memo.put(scope, entries)
         for key, _version, _sig, day_sums in entries:
             out[key[0]] = plus(out[key[0]], day_sums)
-    return out
+    return usage, out
 
 
 def _read_days(

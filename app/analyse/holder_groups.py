@@ -19,9 +19,8 @@ from sqlalchemy.orm import Session
 from ..billing.prices import BILLED, SPOT_HISTORY
 from ..db import fetch_binary
 from ..models import UTIL_BOUNDS
-from .device_money import FROM_BILL, FROM_SPOT, PriceClasses
 from .figures import Figures
-from .price_grid import MIXED, Grid, class_sql, slots
+from .price_classes import FROM_BILL, FROM_SPOT, MIXED, Grid, PriceClasses, class_sql, slots
 from .window import DAILY, RollupRead, Window, union_of_reads
 
 MISSING = {

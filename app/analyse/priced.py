@@ -16,9 +16,10 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from ..billing.prices import BILLED, SPOT_HISTORY, PricePiece
-from .device_money import ZERO, DeviceMoney, PriceClasses, device_money, hourly_money, plus
+from .device_money import ZERO, DeviceMoney, device_money, hourly_money, plus
 from .figures import GPU, SLICE, Figures, Unit
 from .fleet import Fleet, InstanceInfo
+from .price_classes import PriceClasses
 from .states import UNPARTITIONED
 from .units import build_units, expected_s
 from .usage import DeviceUsage, mig_mode_at
@@ -57,19 +58,22 @@ def priced_units(
     *,
     idle_util_pct: int,
     mode_at: Mapping[int, list[tuple[datetime, bool]]],
+    money: Mapping[int, DeviceMoney] | None = None,
 ) -> list[Unit]:
     """The fleet's units (app/analyse/waste.py, `build_units`) at their instances' own prices, then repriced by
     what the pieces (as `pieces_in_use` leaves them, over the whole days the window's rollup reads touch; `classes`:
     the same as `price_classes` makes them) change: each hour in a piece at the piece's price, and the offline time
     in paid capacity paid for. A GPU of `split`, whose MIG mode changed in the window (`mode_at`: its changes, as
-    app/analyse/usage.py `hourly_split` takes them), has its money split by mode hour by hour, as its hours are."""
+    app/analyse/usage.py `hourly_split` takes them), has its money split by mode hour by hour, as its hours are.
+    `money`: the devices' money over the window as `device_money` gives it, when already read."""
     paid = _paid_offline(fleet, pieces, window)
     due = {pk: expected_s(fleet.gpus[pk], window) + extra_s for pk, (extra_s, _usd) in paid.items()}
     units = build_units(fleet, usage, window, split, expected=due)
     if not pieces:
         return units
-    devices = _devices(fleet, pieces)
-    money = device_money(session, devices, classes, window.rollup_reads(), idle_util_pct=idle_util_pct)
+    devices = priced_devices(fleet, pieces)
+    if money is None:
+        money = device_money(session, devices, classes, window.rollup_reads(), idle_util_pct=idle_util_pct)
     by_mode: dict[int, tuple[DeviceMoney, DeviceMoney]] = {}
     switched = {pk: devices[pk] for pk in split if pk in devices}
     hours = hourly_money(session, switched, classes, window.start, window.end, idle_util_pct=idle_util_pct)
@@ -182,7 +186,7 @@ def per_gpu_hour(inst: InstanceInfo, usd_per_hour: float) -> float | None:
     return usd_per_hour / gpus if gpus else None
 
 
-def _devices(fleet: Fleet, pieces: Mapping[int, object]) -> dict[int, int]:
+def priced_devices(fleet: Fleet, pieces: Mapping[int, object]) -> dict[int, int]:
     """The GPUs and slices of the instances with pieces: device id -> instance pk."""
     out = {gpu.pk: gpu.instance.pk for gpu in fleet.gpus.values() if gpu.instance.pk in pieces}
     out.update((sl.pk, sl.gpu.instance.pk) for sl in fleet.slices.values() if sl.gpu.instance.pk in pieces)

@@ -14,13 +14,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ..models import Event
-from .device_money import price_classes
+from .device_money import usage_and_money
 from .figures import HOURS_PER_MONTH, Figures, Unit
 from .fleet import Fleet
 from .grouping import GroupRow, by_value, group_rows, instance_group, per_instance, summarise
 from .holder_groups import HeldValues, held_values
 from .holders import Part, held_usage, holder_columns, split_units
-from .priced import billed_until, pieces_in_use, priced_units
+from .price_classes import price_classes
+from .priced import billed_until, pieces_in_use, priced_devices, priced_units
 from .series_prices import load_pieces
 from .states import Thresholds
 from .usage import hourly_split, window_usage
@@ -95,7 +96,18 @@ def analyse_waste(
     if ids is not None and len(ids) > 500:
         # Reading every device and dropping what the filters exclude is cheaper than a long id list.
         ids = None
-    usage = window_usage(session, window, idle_util_pct=thresholds.idle_util_pct, device_ids=ids)
+    # Over the whole days around the window: the hours its rollup reads touch (a daily row, the hours taken from it).
+    pieces = pieces_in_use(fleet, load_pieces(session, fleet, window.start, window.end))
+    classes = price_classes(fleet, pieces)
+    bound = thresholds.idle_util_pct
+    money = None
+    if classes.priced:
+        # Usage and money from one read of the rows.
+        usage, money = usage_and_money(
+            session, priced_devices(fleet, pieces), classes, window.rollup_reads(), idle_util_pct=bound, device_ids=ids
+        )
+    else:
+        usage = window_usage(session, window, idle_util_pct=bound, device_ids=ids)
     changes: dict[int, list[tuple[datetime, bool]]] = {}
     for device_id, at, details in session.execute(
         select(Event.device_id, Event.ts, Event.details)
@@ -104,12 +116,9 @@ def analyse_waste(
     ):
         if device_id in fleet.gpus:
             changes.setdefault(device_id, []).append((at, bool(details.get("mig_mode"))))
-    split = hourly_split(session, window, list(changes), idle_util_pct=thresholds.idle_util_pct, mode_at=changes)
-    # Over the whole days around the window: the hours its rollup reads touch (a daily row, the hours taken from it).
-    pieces = pieces_in_use(fleet, load_pieces(session, fleet, window.start, window.end))
-    classes = price_classes(fleet, pieces)
+    split = hourly_split(session, window, list(changes), idle_util_pct=bound, mode_at=changes)
     units = priced_units(
-        session, fleet, usage, window, split, pieces, classes, idle_util_pct=thresholds.idle_util_pct, mode_at=changes
+        session, fleet, usage, window, split, pieces, classes, idle_util_pct=bound, mode_at=changes, money=money
     )
     instances = per_instance(units)
     parts = None

@@ -9,8 +9,9 @@ import pytest
 from sqlalchemy import insert
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.analyse.device_money import MixedDays, device_money, price_classes
+from app.analyse.device_money import MixedDays, device_money
 from app.analyse.figures import GPU, SLICE
+from app.analyse.price_classes import price_classes
 from app.analyse.series_prices import load_pieces
 from app.analyse.states import UNPARTITIONED
 from app.analyse.window import Window, floor_day
