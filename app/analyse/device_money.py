@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from ..db import fetch_binary
 from ..models import UTIL_BOUNDS
-from .price_classes import FROM_BILL, FROM_SPOT, MIXED, DayKey, Grid, PriceClasses, class_sql
+from .price_classes import FROM_BILL, FROM_SPOT, MIXED, DayKey, Grid, PriceClasses, class_sql, slot_sql, slots, u16_sql
 from .usage import DeviceUsage
 from .window import DAILY, HOURLY, RollupRead
 
@@ -148,36 +148,36 @@ def _columns(bound: int, sign: int) -> str:
     )
 
 
-_SLOT = "(CAST(:dslot AS int4[]))[{d} - CAST(:dmin AS int4) + 1]"
-"""A device's instance's slot in the grid (0: none)."""
-# Each query works out a row's price once (OFFSET 0 keeps the planner from pulling the subquery up and copying the
-# expressions into every sum, where they would run once per sum). A mixed day's daily row has no price here: its
-# sums come from its hours.
+_SLOT = slot_sql("ds", "x.device_id", "dlo", "dhi")
+"""A row's device's instance slot (0: none)."""
+# Each layer works out what the next reads once (OFFSET 0 keeps the planner from pulling a subquery up and copying
+# its expressions into every use, where they would run once per use): a row's slot, its class, its price (none for
+# a mixed day's daily row: its sums come from its hours).
 _PRICED = (
-    "p AS (SELECT r.*, CASE WHEN c = 0 THEN 0 ELSE (CAST(:crate AS float8[]))[c] END AS rate, "
+    "p AS (SELECT u.*, CASE WHEN c = 0 THEN 0 ELSE (CAST(:crate AS float8[]))[c] END AS rate, "
     "CASE WHEN c = 0 THEN 0 ELSE (CAST(:csrc AS int4[]))[c] END AS src, "
-    "CASE WHEN c = 0 THEN 0 ELSE (CAST(:cpay AS float8[]))[c] END AS pay FROM r OFFSET 0) "
+    "CASE WHEN c = 0 THEN 0 ELSE (CAST(:cpay AS float8[]))[c] END AS pay FROM u OFFSET 0) "
 )
 
 
-def _row_class(section: str, d: str, t: str) -> str:
-    return class_sql("g", _SLOT.format(d=d), f"date_part('epoch', {t})", section)
+def _part(i: int, table: str, sign: int, bound: int, where: str) -> str:
+    """The rows of read `i` with their class (`c`, from grid section r{i})."""
+    t, name = ("day", "rollups_daily") if table == DAILY else ("hour", "rollups_hourly")
+    version = "CAST(CAST(x.xmin AS text) AS int8)" if table == DAILY else "CAST(0 AS int8)"
+    rows = (
+        f"SELECT x.*, {version} AS version, {_SLOT} AS s FROM {name} x "
+        f"WHERE x.{t} >= :t{i}a AND x.{t} < :t{i}b{where} OFFSET 0"
+    )
+    c = class_sql("g", "s", f"date_part('epoch', {t})", f"r{i}")
+    return f"SELECT device_id, {t} AS t, version, {c} AS c, {_columns(bound, sign)} FROM ({rows}) x"
 
 
 @lru_cache(maxsize=64)
 def _window_sql(bound: int, shape: tuple[tuple[str, int], ...], filtered: bool) -> str:
-    only = " AND device_id = ANY(CAST(:ids AS int4[]))" if filtered else ""
-    parts = []
-    for i, (table, sign) in enumerate(shape):
-        daily = table == DAILY
-        t, name = ("day", "rollups_daily") if daily else ("hour", "rollups_hourly")
-        version = "CAST(CAST(xmin AS text) AS int8)" if daily else "CAST(0 AS int8)"
-        parts.append(
-            f"SELECT device_id, {t} AS t, {version} AS version, {_row_class(f'r{i}', 'device_id', t)} AS c, "
-            f"{_columns(bound, sign)} FROM {name} WHERE {t} >= :t{i}a AND {t} < :t{i}b{only}"
-        )
+    only = " AND x.device_id = ANY(CAST(:ids AS int4[]))" if filtered else ""
+    parts = [_part(i, table, sign, bound, only) for i, (table, sign) in enumerate(shape)]
     return (
-        f"WITH r AS ({' UNION ALL '.join(parts)}), {_PRICED}"
+        f"WITH u AS (SELECT * FROM ({' UNION ALL '.join(parts)}) v OFFSET 0), {_PRICED}"
         f"SELECT device_id, {_USAGE_SUMS}, {_sums(bound, 'rate', 'src', 'pay')}, "
         f"array_agg(CAST(date_part('epoch', t) AS int8)) FILTER (WHERE c = {MIXED}), "
         f"array_agg(version) FILTER (WHERE c = {MIXED}) "
@@ -198,9 +198,9 @@ def _days_sql(bound: int) -> str:
     return (
         "WITH q AS (SELECT * FROM unnest(CAST(:qids AS int4[]), CAST(:qdays AS timestamptz[]), "
         "CAST(:qo AS int4[])) AS q(device_id, day, o)), "
-        f"r AS (SELECT h.device_id, q.day AS t, (CAST(:g AS int4[]))[q.o + {hour_of_day}] AS c, "
+        f"u AS (SELECT h.device_id, q.day AS t, {u16_sql('g', f'q.o + {hour_of_day}')} AS c, "
         f"{_columns(bound, 1)} FROM q JOIN rollups_hourly h ON h.device_id = q.device_id "
-        "AND h.hour >= q.day AND h.hour < q.day + interval '24 hours'), "
+        "AND h.hour >= q.day AND h.hour < q.day + interval '24 hours' OFFSET 0), "
         f"{_PRICED}SELECT device_id, CAST(date_part('epoch', t) AS int8), {_sums(bound, 'rate', 'src', 'pay')} "
         "FROM p GROUP BY device_id, t"
     )
@@ -208,24 +208,18 @@ def _days_sql(bound: int) -> str:
 
 @lru_cache(maxsize=8)
 def _hours_sql(bound: int) -> str:
-    return (
-        f"WITH r AS (SELECT device_id, hour AS t, {_row_class('r0', 'device_id', 'hour')} AS c, "
-        f"{_columns(bound, 1)} FROM rollups_hourly "
-        "WHERE device_id = ANY(CAST(:ids AS int4[])) AND hour >= :t0a AND hour < :t0b), "
-        f"{_PRICED}SELECT device_id, t, {_sums(bound, 'rate', 'src', 'pay')} FROM p GROUP BY device_id, t"
-    )
+    part = _part(0, HOURLY, 1, bound, " AND x.device_id = ANY(CAST(:ids AS int4[]))")
+    sums = _sums(bound, "rate", "src", "pay")
+    return f"WITH u AS ({part} OFFSET 0), {_PRICED}SELECT device_id, t, {sums} FROM p GROUP BY device_id, t"
 
 
 def _device_params(classes: PriceClasses, devices: Mapping[int, int]) -> tuple[list[int], dict[str, Any]]:
     """The instances of `devices` (device id -> instance pk) in slot order, and the class arrays with each device's
-    instance slot (`dslot`, at device id - `dmin` + 1). Arrays stay small while device ids lie close together."""
+    instance slot (`ds`, from device `dlo` to `dhi`)."""
     pks = sorted(set(devices.values()))
     slot = {pk: i for i, pk in enumerate(pks, start=1)}
-    dmin = min(devices, default=0)
-    dslot = [0] * (max(devices, default=0) - dmin + 1)
-    for device, pk in devices.items():
-        dslot[device - dmin] = slot[pk]
-    return pks, classes.params() | {"dslot": dslot, "dmin": dmin}
+    ds, dlo, dhi = slots({device: slot[pk] for device, pk in devices.items()})
+    return pks, classes.params() | {"ds": ds, "dlo": dlo, "dhi": dhi}
 
 
 def hourly_money(
@@ -244,7 +238,7 @@ def hourly_money(
     pks, params = _device_params(classes, devices)
     grid = Grid()
     params |= classes.read_sections(grid, pks, [RollupRead(HOURLY, start, end, 1)])
-    params |= {"g": grid.values, "ids": list(devices), "t0a": start, "t0b": end}
+    params |= {"g": grid.to_bytes(), "ids": list(devices), "t0a": start, "t0b": end}
     out: dict[int, list[tuple[datetime, DeviceMoney]]] = {}
     for device_id, hour, *sums in fetch_binary(session, _hours_sql(idle_util_pct), params):
         out.setdefault(device_id, []).append((hour, DeviceMoney(*sums)))
@@ -289,7 +283,7 @@ def usage_and_money(
     pks, params = _device_params(classes, devices)
     grid = Grid()
     params |= classes.read_sections(grid, pks, reads)
-    params["g"] = grid.values
+    params["g"] = grid.to_bytes()
     for i, r in enumerate(reads):
         params[f"t{i}a"], params[f"t{i}b"] = r.start, r.end
     if device_ids is not None:
@@ -333,7 +327,7 @@ def _read_days(
     grid = Grid()
     first = classes.day_sections(grid, {(devices[d], t) for d, t in days})
     params = classes.params() | {
-        "g": grid.values,
+        "g": grid.to_bytes(),
         "qids": [d for d, _t in days],
         "qdays": [datetime.fromtimestamp(t, UTC) for _d, t in days],
         "qo": [first[(devices[d], t)] for d, t in days],

@@ -20,7 +20,7 @@ from ..billing.prices import BILLED, SPOT_HISTORY
 from ..db import fetch_binary
 from ..models import UTIL_BOUNDS
 from .figures import Figures
-from .price_classes import FROM_BILL, FROM_SPOT, MIXED, Grid, PriceClasses, class_sql, slots
+from .price_classes import FROM_BILL, FROM_SPOT, MIXED, Grid, PriceClasses, class_sql, slot_sql, slots, u16_sql
 from .window import DAILY, RollupRead, Window, union_of_reads
 
 MISSING = {
@@ -105,7 +105,7 @@ class HeldValues:
     sums: list[ValueSums]
 
 
-_SLOT = "(CAST(:islot AS int4[]))[instance_pk - CAST(:imin AS int8) + 1]"
+_SLOT = slot_sql("islot", "instance_pk", "ilo", "ihi")
 """A row's instance's slot in the grid (0: none)."""
 
 
@@ -128,8 +128,9 @@ def _sql(bound: int, shape: tuple[tuple[str, int], ...], priced: bool) -> str:
                 f"WHERE grouping = :grouping AND {t} >= :t{i}a AND {t} < :t{i}b"
             )
         hour_of_day = "CAST((date_part('epoch', h.hour) - date_part('epoch', mx.day)) / 3600 AS int4)"
+        mixed_class = u16_sql("g", f"mx.o + {hour_of_day}")
         parts.append(
-            f"SELECT h.instance_pk, h.key, h.label, h.hour AS t, (CAST(:g AS int4[]))[mx.o + {hour_of_day}] AS cls, "
+            f"SELECT h.instance_pk, h.key, h.label, h.hour AS t, {mixed_class} AS cls, "
             f"{', '.join('h.' + n for n in names)} FROM mx "
             "CROSS JOIN LATERAL (SELECT * FROM holder_groups_hourly h WHERE h.grouping = :grouping "
             "AND h.instance_pk = mx.pk AND h.hour >= mx.day AND h.hour < mx.day + interval '24 hours' OFFSET 0) h"
@@ -213,12 +214,12 @@ def held_values(
         pks = sorted(classes.runs)
         grid = Grid()
         params |= classes.params() | classes.read_sections(grid, pks, reads)
-        params["islot"], params["imin"] = slots(pks)
+        params["islot"], params["ilo"], params["ihi"] = slots({pk: i for i, pk in enumerate(pks, start=1)})
         # The mixed days read whole from the daily table are read hour by hour instead.
         days = [(pk, day) for pk, day in classes.mixed if _read_daily(reads, day)]
         first = classes.day_sections(grid, days)
         params["mpk"], params["mday"] = [pk for pk, _d in days], [datetime.fromtimestamp(d, UTC) for _pk, d in days]
-        params["mo"], params["g"] = [first[key] for key in days], grid.values
+        params["mo"], params["g"] = [first[key] for key in days], grid.to_bytes()
     sql = _sql(idle_util_pct, tuple((r.table, r.sign) for r in reads), priced)
     make = ValueSums._make
     return [make(row) for row in fetch_binary(session, sql, params)]
