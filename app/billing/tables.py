@@ -4,6 +4,7 @@ came from, and the EC2 spot price history of the types and zones the fleet runs 
 from __future__ import annotations
 
 from sqlalchemy import (
+    BigInteger,
     CheckConstraint,
     Column,
     Date,
@@ -113,12 +114,32 @@ spot_price_reads = Table(
     comment="How far the spot price history of each type and zone has been read.",
 )
 
+price_pieces_version = Table(
+    "price_pieces_version",
+    Base.metadata,
+    Column("id", Integer, primary_key=True, comment="Always 1: one row."),
+    Column(
+        "n",
+        BigInteger,
+        nullable=False,
+        comment="A new number after every statement that changes a source of price pieces.",
+    ),
+    CheckConstraint("id = 1", name="one_row"),
+    comment="A number that changes whenever billed_prices, spot_prices or spot_price_reads do (statement triggers "
+    "of migration 0018): the analysis reuses price pieces read at the same number.",
+)
+# Its number comes from price_pieces_version_seq (migration 0018), which the triggers draw from.
+PRICE_PIECES_VERSION_SQL = "SELECT n FROM price_pieces_version WHERE id = 1"
+"""The current version of the price pieces' sources; no row where the table was emptied and nothing has changed
+since."""
+
 __all__ = [
     "PURCHASES",
     "RESERVATION_KINDS",
     "billed_hours",
     "billed_prices",
     "billing_exports",
+    "price_pieces_version",
     "spot_price_reads",
     "spot_prices",
 ]
