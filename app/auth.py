@@ -134,7 +134,8 @@ SECURITY_SCHEMES: dict[str, Any] = {
         "type": "apiKey",
         "in": "cookie",
         "name": SESSION_COOKIE,
-        "description": "A dashboard login (`/login`); reads only.",
+        "description": "A dashboard login (`/login`): it reads; one opened with the admin password or a token of "
+        "scope admin also manages alert rules, sending its CSRF token in `X-CSRF-Token` with every change.",
     },
 }
 
@@ -149,8 +150,8 @@ def requires(scope: str | None) -> dict[str, Any]:
         return {"security": []}
     if scope not in SCOPES:
         raise ValueError(f"unknown scope {scope!r}")
-    if scope == "read":
-        return {"security": [{BEARER: ["read"]}, {COOKIE: []}]}
+    if scope in ("read", "admin"):
+        return {"security": [{BEARER: [scope]}, {COOKIE: []}]}
     return {"security": [{BEARER: [scope]}]}
 
 
@@ -162,6 +163,8 @@ class Reader:
     via: str
     name: str
     session: LiveSession | None = None
+    admin: bool = False
+    """A token or login of scope admin: may also manage alert rules."""
 
 
 class LoginRequired(ApiError):
@@ -217,7 +220,7 @@ def require_read(
     authorization = request.headers.get("authorization")
     if authorization:
         caller = authenticate(session, authorization, needed="read", now=now)
-        return Reader("token", caller.name)
+        return Reader("token", caller.name, admin=caller.scope == "admin")
     user = _proxy_user(request, settings.trusted_proxies, settings.proxy_user_header) if dashboard else None
     if user is not None:
         return Reader("proxy", user)
@@ -226,5 +229,54 @@ def require_read(
         live = find_session(session, cookie, password_hash=settings.admin_password_hash, now=now)
         if live is None:
             raise LoginRequired(401, "session expired or ended: log in again", headers=_CHALLENGE)
-        return Reader("session", live.name, live)
+        return Reader("session", live.name, live, admin=live.scope == "admin")
     raise LoginRequired(401, "log in, or send Authorization: Bearer <token> with a read token", headers=_CHALLENGE)
+
+
+NOT_ADMIN = "alert rules are for admins: log in with the admin password or a token of scope admin"
+
+
+class NotAdmin(ApiError):
+    """403 for someone who may read but not manage alert rules: a login that may only read, or a user named by a
+    trusted proxy. A dashboard page answers it with its error page."""
+
+
+def require_admin(
+    session: Session, request: Request, settings: Settings, *, now: datetime, reading: bool, dashboard: bool = False
+) -> Reader:
+    """The admin behind a request to a route that manages alert rules, or ApiError.
+
+    An `Authorization: Bearer` token of scope admin (401 unknown or revoked, 403 another scope), or a live dashboard
+    session opened with the admin password or an admin token (403 for one that may only read). A user named by a
+    trusted proxy may read the dashboard, not manage it (403 on dashboard pages). Without credentials:
+    LoginRequired (401). With GPUFLEET_AUTH=off, a request that only reads (`reading`) from this host needs
+    nothing and gets the `open` reader, which may not change anything; a change still needs an admin token.
+    """
+    authorization = request.headers.get("authorization")
+    if authorization:
+        caller = authenticate(session, authorization, needed="admin", now=now)
+        return Reader("token", caller.name, admin=True)
+    if settings.auth == "off" and reading:
+        if not is_loopback(request):
+            raise ApiError(403, "authentication is off (GPUFLEET_AUTH=off): only clients on this host may read")
+        return Reader("open", "")
+    cookie = request.cookies.get(SESSION_COOKIE)
+    if cookie:
+        live = find_session(session, cookie, password_hash=settings.admin_password_hash, now=now)
+        if live is None:
+            raise LoginRequired(401, "session expired or ended: log in again", headers=_CHALLENGE)
+        if live.scope != "admin":
+            raise NotAdmin(403, f"{NOT_ADMIN} (this login, {live.name}, may only read)")
+        return Reader("session", live.name, live, admin=True)
+    if dashboard and _proxy_user(request, settings.trusted_proxies, settings.proxy_user_header) is not None:
+        raise NotAdmin(403, f"{NOT_ADMIN} (a user signed in at the proxy may only read)")
+    if settings.auth == "off":
+        raise LoginRequired(
+            401,
+            "authentication is off (GPUFLEET_AUTH=off): changing alert rules needs Authorization: Bearer <token> "
+            "with a token of scope admin",
+            headers=_CHALLENGE,
+        )
+    raise LoginRequired(
+        401, "log in as admin, or send Authorization: Bearer <token> with an admin token", headers=_CHALLENGE
+    )

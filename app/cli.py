@@ -27,6 +27,7 @@ from . import __version__
 from .settings import Settings
 
 if TYPE_CHECKING:
+    from .alerts.rules import Rule
     from .pricing import PriceConfig
 
 
@@ -134,6 +135,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     settings = _settings(args)
     _check_prices(settings)
+    alert_rules = _check_rule_file(settings)
     _check_auth(settings)
     if settings.host not in ("127.0.0.1", "localhost", "::1"):
         logging.getLogger("gpufleet").info("listening on %s: put a TLS-terminating proxy in front", settings.host)
@@ -142,6 +144,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     proxy_headers = not settings.trusted_proxies
     with database(settings, announce=True) as url:
         _migrate(url)
+        _sync_rule_file(url, alert_rules)
         settings = settings.model_copy(update={"database_url": url})
         shown = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
         print(f"gpufleet: serving on http://{shown}:{settings.port}/ (Ctrl-C stops)", flush=True)
@@ -337,6 +340,37 @@ def _check_prices(settings: Settings) -> PriceConfig:
         return load_price_config(settings.prices_file)
     except PriceConfigError as exc:
         _fail(f"bad price file {exc.path}: {exc.problem}")
+
+
+def _check_rule_file(settings: Settings) -> list[Rule]:
+    """The alert rule file's rules (none without a file), or one line naming the line at fault and exit 2."""
+    from .alerts.rule_file import RuleFileError, load_rule_file
+
+    if settings.alerts_file is None:
+        return []
+    try:
+        return load_rule_file(settings.alerts_file)
+    except RuleFileError as exc:
+        _fail(f"bad alert rule file {exc}")
+
+
+def _sync_rule_file(url: str, rules: list[Rule]) -> None:
+    """Make the database's file rules those of the rule file (none without one); one line and exit 2 for a rule
+    whose name a rule made through the API or the page already has."""
+    from .alerts.rule_file import RuleFileError, sync_rule_file
+    from .db import make_engine, make_sessionmaker, session_scope
+
+    engine = make_engine(url, pool_size=1)
+    try:
+        with session_scope(make_sessionmaker(engine)) as session:
+            result = sync_rule_file(session, rules, now=datetime.now(UTC))
+    except RuleFileError as exc:
+        _fail(f"bad alert rule file {exc}")
+    finally:
+        engine.dispose()
+    changes = [f"{len(names)} {what}" for what, names in vars(result).items() if names]
+    if changes:
+        logging.getLogger("gpufleet").info("alert rule file: %s", ", ".join(changes))
 
 
 def cmd_prices(args: argparse.Namespace) -> None:

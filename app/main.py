@@ -16,6 +16,8 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from . import __version__
+from .alerts.api import router as alerts_router
+from .alerts.outbox import sender_job
 from .auth import SECURITY_SCHEMES
 from .billing.schedule import billing_jobs
 from .db import make_engine, make_sessionmaker
@@ -35,6 +37,7 @@ from .state import AppState
 from .store.partitions import upkeep
 from .web import errors
 from .web.access import ToLogin, to_login
+from .web.alerts import router as alerts_page_router
 from .web.api_docs import OPENAPI_PATH
 from .web.api_docs import router as api_docs_router
 from .web.login import router as login_router
@@ -108,7 +111,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             metrics=metrics,
             outage=outage,
         )
-        tasks = [asyncio.create_task(_upkeep_loop(engine, settings, metrics, outage)), *billing_jobs(engine, settings)]
+        tasks = [
+            asyncio.create_task(_upkeep_loop(engine, settings, metrics, outage)),
+            *billing_jobs(engine, settings),
+            sender_job(engine, settings),
+        ]
         try:
             yield
         finally:
@@ -133,10 +140,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ingest_router)
     app.include_router(report_router)
     app.include_router(metrics_router)
+    app.include_router(alerts_router)
     app.mount("/static", AssetFiles(directory=STATIC_DIR), name="static")
     app.include_router(api_docs_router)
     app.include_router(login_router)
     app.include_router(pages_router)
+    app.include_router(alerts_page_router)
     app.add_exception_handler(ToLogin, to_login)
     errors.install(app)
     # The last added runs first: the headers go on every answer, the error boundary's included.

@@ -12,10 +12,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from urllib.parse import urlencode, urlsplit
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from ..auth import LoginRequired, Reader, is_loopback, require_read
+from ..auth import LoginRequired, NotAdmin, Reader, is_loopback, require_admin, require_read
 from ..deps import SessionDep, SettingsDep
 from ..sessions import SESSION_COOKIE
 from ..state import app_state
@@ -28,11 +29,13 @@ LOGOUT_PATH = "/logout"
 
 
 class ToLogin(Exception):
-    """Raised by `page_reader`; `to_login` answers it."""
+    """Raised by `page_reader` and `admin_page_reader`; `to_login` answers it."""
 
-    def __init__(self, *, stale_cookie: bool) -> None:
+    def __init__(self, *, stale_cookie: bool, next_path: str | None = None) -> None:
         super().__init__("login required")
         self.stale_cookie = stale_cookie
+        self.next_path = next_path
+        """Where to come back to after the login; None: the request's own page."""
 
 
 def page_reader(request: Request, session: SessionDep, settings: SettingsDep) -> Reader:
@@ -44,6 +47,31 @@ def page_reader(request: Request, session: SessionDep, settings: SettingsDep) ->
         if wants_json(request):
             raise  # a script asking for a page's JSON gets the API's 401, not the login form
         raise ToLogin(stale_cookie=SESSION_COOKIE in request.cookies) from err
+    request.state.reader = reader
+    if reader.session is not None:
+        use_token(request, reader.session.csrf_secret)
+    return reader
+
+
+def admin_page_reader(request: Request, session: SessionDep, settings: SettingsDep) -> Reader:
+    """The dependency of the admin pages (/alerts): an admin (app.auth.require_admin), also kept in
+    `request.state.reader`. Without a login a browser goes to the login form, to come back to the page it posted
+    from; a login that may only read, or a user of a trusted proxy, gets the 403 error page. With
+    GPUFLEET_AUTH=off the page is shown, read only, on this host: there is no login to make changes with."""
+    reading = request.method in ("GET", "HEAD")
+    try:
+        reader = require_admin(session, request, settings, now=datetime.now(UTC), reading=reading, dashboard=True)
+    except LoginRequired as err:
+        if wants_json(request):
+            raise
+        if settings.auth == "off":
+            raise HTTPException(403, err.error) from None
+        back = None if reading else urlsplit(request.headers.get("referer", "")).path or "/"
+        raise ToLogin(stale_cookie=SESSION_COOKIE in request.cookies, next_path=back) from err
+    except NotAdmin as err:
+        if wants_json(request):
+            raise
+        raise HTTPException(403, err.error) from None
     request.state.reader = reader
     if reader.session is not None:
         use_token(request, reader.session.csrf_secret)
@@ -84,7 +112,8 @@ def _return_path(request: Request) -> str:
 async def to_login(request: Request, exc: Exception) -> Response:
     """303 to the login page, or for htmx 401 with `HX-Redirect`; a stale session cookie is dropped."""
     stale = isinstance(exc, ToLogin) and exc.stale_cookie
-    target = login_url(_return_path(request), expired=stale)
+    back = exc.next_path if isinstance(exc, ToLogin) and exc.next_path else None
+    target = login_url(safe_next(back) if back else _return_path(request), expired=stale)
     response: Response
     if is_htmx(request):
         response = Response(status_code=401, headers={"HX-Redirect": target})

@@ -98,7 +98,7 @@ def bad_parameter(request: Request, page: str, err: BadParameter) -> Response:
 _HTML = {"schema": {"type": "string"}}
 
 
-def _either(description: str) -> dict[str, Any]:
+def error_answer(description: str) -> dict[str, Any]:
     """An error answer: the JSON error shape, or a short HTML page for a browser."""
     return {"model": ErrorOut, "description": description, "content": {"text/html": _HTML}}
 
@@ -127,10 +127,10 @@ def page_openapi(
                 "content": {"text/html": _HTML},
             },
             303: {"description": "No dashboard login: to the login page (HTML requests)."},
-            400: _either("A query parameter that cannot be used; `detail` names it."),
-            401: _either("No credentials (JSON requests), an unknown or revoked token, or a login that ended."),
-            403: _either("A token whose scope does not allow reading."),
-            404: _either("No such instance (the instance page)."),
+            400: error_answer("A query parameter that cannot be used; `detail` names it."),
+            401: error_answer("No credentials (JSON requests), an unknown or revoked token, or a login that ended."),
+            403: error_answer("A token whose scope does not allow reading."),
+            404: error_answer("No such instance (the instance page)."),
         },
         "openapi_extra": {
             **requires("read"),

@@ -60,6 +60,8 @@ class NavItem:
     """The `page` value that marks this entry as the current page."""
     href: str
     label: str
+    admin: bool = False
+    """Shown to admins only (and, read only, with GPUFLEET_AUTH=off)."""
 
 
 NAV = (
@@ -70,6 +72,7 @@ NAV = (
     NavItem("heatmap", "/heatmap", "Heatmaps"),
     NavItem("instances", "/instances", "Instances"),
     NavItem("billing", "/billing", "Billing"),
+    NavItem("alerts", "/alerts", "Alerts", admin=True),
 )
 
 WINDOWS = (("1h", "1 h"), ("6h", "6 h"), ("24h", "24 h"), ("7d", "7 d"), ("30d", "30 d"))
@@ -293,6 +296,13 @@ def current_reader(request: Request) -> Any:
     return getattr(request.state, "reader", None)
 
 
+def nav_items(request: Request) -> list[NavItem]:
+    """The navigation this reader sees: admin pages for admins, and for everyone with GPUFLEET_AUTH=off."""
+    reader = current_reader(request)
+    admin = reader is not None and (reader.admin or reader.via == "open")
+    return [item for item in NAV if admin or not item.admin]
+
+
 # Rendering.
 
 
@@ -311,6 +321,7 @@ def make_environment(*extra_dirs: Path) -> Environment:
         url_with=url_with,
         static_url=static_url,
         nav=NAV,
+        nav_items=nav_items,
         windows=WINDOWS,
         lifecycles=LIFECYCLES,
         state_label=state_label,

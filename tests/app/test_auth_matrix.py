@@ -30,13 +30,18 @@ from app.main import create_app
 from app.models import ApiToken, WebSession
 from app.sessions import SESSION_COOKIE, open_session
 from app.settings import Settings
-from app.web.access import page_reader
+from app.web.access import admin_page_reader, page_reader
+from app.web.csrf import CSRF_HEADER
 from tests.conftest import make_token
 
 PUBLIC = "public"
 PAGE = "page"  # read access; without it a browser is sent to the login form
 READ = "read"
 INGEST = "ingest"
+ADMIN = "admin"  # the alert rules' API: an admin token or an admin login
+ADMIN_PAGE = "admin page"  # /alerts and its forms: an admin; without a login a browser is sent to the login form
+PAGES = (PAGE, ADMIN_PAGE)
+ADMINS = (ADMIN, ADMIN_PAGE)
 
 # FastAPI's own routes: the API description is public (docs/security.md).
 FRAMEWORK = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
@@ -57,13 +62,17 @@ class Endpoint:
 def access_of(route: RouteContext) -> str | None:
     if any(dep.call is page_reader for dep in route.dependant.dependencies):
         return PAGE
+    if any(dep.call is admin_page_reader for dep in route.dependant.dependencies):
+        return ADMIN_PAGE
     security = (route.openapi_extra or {}).get("security")
     if security is None:
         return None
     if security == []:
         return PUBLIC
     scopes = {scope for requirement in security for scope in requirement.get(BEARER, [])}
-    return {frozenset({"read"}): READ, frozenset({"ingest"}): INGEST}.get(frozenset(scopes))
+    return {frozenset({"read"}): READ, frozenset({"ingest"}): INGEST, frozenset({"admin"}): ADMIN}.get(
+        frozenset(scopes)
+    )
 
 
 def route_table(app: FastAPI) -> tuple[list[Endpoint], list[str]]:
@@ -100,12 +109,15 @@ PROTECTED = [e for e in ENDPOINTS if e.access != PUBLIC]
 def test_every_route_says_who_may_call_it() -> None:
     assert UNCLASSIFIED == [], "routes without an access declaration (app.auth.requires or page_reader)"
     kinds = {e.access for e in ENDPOINTS}
-    assert kinds == {PUBLIC, PAGE, READ, INGEST}
+    assert kinds == {PUBLIC, PAGE, READ, INGEST, ADMIN, ADMIN_PAGE}
     assert Endpoint("POST", "/api/v1/ingest", INGEST) in ENDPOINTS
     assert Endpoint("GET", "/api/v1/report", READ) in ENDPOINTS
     assert Endpoint("GET", "/", PAGE) in ENDPOINTS
     assert Endpoint("GET", "/healthz", PUBLIC) in ENDPOINTS
     assert Endpoint("POST", "/logout", PUBLIC) in ENDPOINTS
+    assert Endpoint("PUT", "/api/v1/alerts/x", ADMIN) in ENDPOINTS
+    assert Endpoint("GET", "/alerts", ADMIN_PAGE) in ENDPOINTS
+    assert Endpoint("POST", "/alerts/x/delete", ADMIN_PAGE) in ENDPOINTS
 
 
 def test_the_openapi_description_names_the_scopes(client: TestClient) -> None:
@@ -118,6 +130,7 @@ def test_the_openapi_description_names_the_scopes(client: TestClient) -> None:
     assert spec["paths"]["/api/v1/ingest"]["post"]["security"] == [{BEARER: ["ingest"]}]
     assert {BEARER: ["read"]} in spec["paths"]["/api/v1/report"]["get"]["security"]
     assert spec["paths"]["/healthz"]["get"]["security"] == []
+    assert {BEARER: ["admin"]} in spec["paths"]["/api/v1/alerts"]["post"]["security"]
 
 
 @dataclass
@@ -135,19 +148,22 @@ class Callers:
             revoke_token(s, f"revoked-{scope}", now=datetime.now(UTC))
         return secret
 
-    def session(self, *, expired: bool = False, revoked: bool = False) -> str:
-        name = f"session-{'expired' if expired else 'revoked' if revoked else 'live'}"
-        make_token(self.sessions, "read", name=name)
+    def session(self, *, expired: bool = False, revoked: bool = False, scope: str = "read") -> str:
+        return self.session_and_csrf(expired=expired, revoked=revoked, scope=scope)[0]
+
+    def session_and_csrf(self, *, expired: bool = False, revoked: bool = False, scope: str = "read") -> tuple[str, str]:
+        name = f"session-{scope}-{'expired' if expired else 'revoked' if revoked else 'live'}"
+        make_token(self.sessions, scope, name=name)
         now = datetime.now(UTC)
         with session_scope(self.sessions) as s:
             token_id = s.scalar(select(ApiToken.id).where(ApiToken.name == name))
-            cookie, _ = open_session(s, token_id=token_id, password_hash=None, lifetime=timedelta(hours=1), now=now)
+            cookie, live = open_session(s, token_id=token_id, password_hash=None, lifetime=timedelta(hours=1), now=now)
             if expired:
                 s.execute(update(WebSession).where(WebSession.token_id == token_id).values(expires_at=now))
         if revoked:
             with session_scope(self.sessions) as s:
                 s.execute(update(ApiToken).where(ApiToken.name == name).values(revoked_at=now))
-        return cookie
+        return cookie, live.csrf_secret
 
 
 @pytest.fixture
@@ -173,7 +189,7 @@ def call(c: TestClient, e: Endpoint, *, bearer: str | None = None, cookie: str |
 
 def assert_denied(r: Any, e: Endpoint, status: int, *, expired: bool = False) -> None:
     """`status` for the API; a page sends a browser without credentials to the login form instead of 401."""
-    if e.access == PAGE and status == 401:
+    if e.access in PAGES and status == 401:
         assert r.status_code == 303, (str(e), r.status_code, r.text[:300])
         location = r.headers["location"]
         assert location.startswith("/login"), location
@@ -200,7 +216,7 @@ def test_public_routes_need_nothing(anon: TestClient, endpoint: Endpoint) -> Non
 @pytest.mark.parametrize("endpoint", PROTECTED, ids=str)
 def test_without_credentials(anon: TestClient, endpoint: Endpoint) -> None:
     assert_denied(call(anon, endpoint), endpoint, 401)
-    if endpoint.access == PAGE:
+    if endpoint.access in PAGES:
         htmx = call(anon, endpoint, **{"HX-Request": "true"})
         assert htmx.status_code == 401
         assert htmx.headers["HX-Redirect"].startswith("/login")
@@ -214,6 +230,8 @@ def test_without_credentials(anon: TestClient, endpoint: Endpoint) -> None:
 def test_a_token_of_another_scope_is_forbidden(anon: TestClient, callers: Callers, endpoint: Endpoint) -> None:
     other = "read" if endpoint.access == INGEST else "ingest"
     assert_denied(call(anon, endpoint, bearer=callers.token(other)), endpoint, 403)
+    if endpoint.access in ADMINS:
+        assert_denied(call(anon, endpoint, bearer=callers.token("read")), endpoint, 403)
 
 
 @pytest.mark.parametrize("endpoint", PROTECTED, ids=str)
@@ -231,8 +249,8 @@ def test_an_expired_or_ended_session_is_refused(anon: TestClient, callers: Calle
     for cookie in (callers.session(expired=True), callers.session(revoked=True), "not-a-session"):
         r = call(anon, endpoint, cookie=cookie)
         # The ingest route takes no cookies at all, so it only sees a missing token.
-        assert_denied(r, endpoint, 401, expired=endpoint.access == PAGE)
-        if endpoint.access == PAGE:
+        assert_denied(r, endpoint, 401, expired=endpoint.access in PAGES)
+        if endpoint.access in PAGES:
             assert f'{SESSION_COOKIE}=""' in r.headers["set-cookie"]
 
 
@@ -243,6 +261,18 @@ def test_the_right_credentials_pass(anon: TestClient, callers: Callers, endpoint
             assert_allowed(call(anon, endpoint, bearer=callers.token(scope)), endpoint)
         # A dashboard session never writes, whatever its token may do.
         assert_denied(call(anon, endpoint, cookie=callers.session()), endpoint, 401)
+        return
+    if endpoint.access in ADMINS:
+        assert_allowed(call(anon, endpoint, bearer=callers.token("admin")), endpoint)
+        cookie, csrf = callers.session_and_csrf(scope="admin")
+        # A login's changes also carry its CSRF token (app/web/csrf.py), as the page's forms and scripts send it.
+        assert_allowed(call(anon, endpoint, cookie=cookie, **{CSRF_HEADER: csrf}), endpoint)
+        # Who may only read may not manage alert rules: a page answers with its error page, the API with JSON.
+        r = call(anon, endpoint, cookie=callers.session())
+        assert r.status_code == 403, (str(endpoint), r.status_code)
+        assert r.headers["content-type"].startswith(
+            "text/html" if endpoint.access == ADMIN_PAGE else "application/json"
+        )
         return
     for scope in ("read", "admin"):
         assert_allowed(call(anon, endpoint, bearer=callers.token(scope)), endpoint)
@@ -262,10 +292,15 @@ def test_with_auth_off_reading_is_open_on_loopback_and_writing_is_not(
     auth_off: TestClient, settings: Settings, callers: Callers, endpoint: Endpoint
 ) -> None:
     r = call(auth_off, endpoint)
-    if endpoint.access == INGEST:
-        assert_denied(r, endpoint, 401)
+    if endpoint.access == INGEST or (endpoint.access in ADMINS and endpoint.method != "GET"):
+        # Changing alert rules needs an admin token: there is no login to make the changes with.
+        if endpoint.access == ADMIN_PAGE:
+            assert r.status_code == 403 and "GPUFLEET_AUTH=off" in r.text, (str(endpoint), r.status_code)
+        else:
+            assert_denied(r, endpoint, 401)
         assert_denied(call(auth_off, endpoint, bearer=callers.token("read")), endpoint, 403)
-        assert_allowed(call(auth_off, endpoint, bearer=callers.token("ingest")), endpoint)
+        right = "ingest" if endpoint.access == INGEST else "admin"
+        assert_allowed(call(auth_off, endpoint, bearer=callers.token(right)), endpoint)
         return
     assert_allowed(r, endpoint)
     # Another host never reads without credentials, even if the server was started some other way than
@@ -294,6 +329,15 @@ def test_a_trusted_proxy_user_reads_pages_and_nobody_else_claims_to_be_one(
 ) -> None:
     user = {"X-Auth-Request-Email": "ada@example.com"}
     r = call(behind_proxy, endpoint, **user)
+    if endpoint.access == ADMIN_PAGE:
+        # The proxy names a reader, not an admin.
+        assert r.status_code == 403 and r.headers["content-type"].startswith("text/html"), (
+            str(endpoint),
+            r.status_code,
+        )
+        elsewhere = TestClient(behind_proxy.app, client=("10.0.1.9", 50000), follow_redirects=False)
+        assert_denied(call(elsewhere, endpoint, **user), endpoint, 401)
+        return
     if endpoint.access != PAGE:
         # The API takes tokens only: a proxy may pass API paths through without a login.
         assert_denied(r, endpoint, 401)

@@ -89,6 +89,15 @@ ROUTES = (
         for path in ("/", "/gpus/idle", "/mig", "/waste", "/heatmap", "/heatmap/week", "/instances", "/billing")
     ),
     Route("GET", "/instances/{instance_id}", "read", 3, takes_input=True),
+    # Alert rules: the API and the page, for admins.
+    Route("GET", "/api/v1/alerts", "admin", 5),
+    Route("POST", "/api/v1/alerts", "admin", 60, takes_input=True),
+    # The rule's name may be any string: there is no request the schema refuses to make of these two.
+    Route("GET", "/api/v1/alerts/{name}", "admin", 5),
+    Route("PUT", "/api/v1/alerts/{name}", "admin", 20, takes_input=True),
+    Route("DELETE", "/api/v1/alerts/{name}", "admin", 5),
+    Route("POST", "/api/v1/alerts/{name}/enabled", "admin", 10, takes_input=True),
+    Route("GET", "/alerts", "admin", 3, takes_input=True),
 )
 CASES = [
     pytest.param(route, mode, id=f"{route}-{mode}")
