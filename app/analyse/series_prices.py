@@ -7,12 +7,12 @@ A daily row has one price only when its whole day has: inside one piece, or outs
 instance cut by a piece boundary (a "mixed" instance-day) is read from its hourly rows instead of its daily row, so
 pieces cost the hours of those days alone, and a fleet with no bill and no spot history reads nothing more.
 
-A row finds its price without a join: the pieces go into the query as one sorted array of keys (instance pk x 10^10
-+ epoch seconds of the piece's start, with a key at each piece's end where no piece follows), which
-`width_bucket` searches by halves for the row's own key (its instance and hour or day). The key gives the row its
-price class: what its price changes of its instance's own (1: nothing, outside every piece; alike pieces share a
-class). The queries sum the rows at their instances' own prices per class, then add each class's change to those
-sums: a search per row and a few sums per class, never rows x pieces.
+A row finds its price without a join or a search: the price classes of each instance at each hour of the span go
+into the query as one grid laid out by instance and hour (app/analyse/price_classes.py), which the row reads at its
+instance's slot and its hour (a daily row at its day's first hour, which has the whole day's class unless the day is
+mixed). The class says what the row's price changes of its instance's own (1: nothing, outside every piece;
+alike pieces share a class). The queries sum the rows at their instances' own prices per class, then add each
+class's change to those sums: a lookup per row and a few sums per class, never rows x pieces.
 
 Paid-offline pieces (a Capacity Block or Capacity Reservation) price the instance's offline time in them as idle, as
 the window analysis does (app/analyse/units.py): each GPU is expected there until the piece ends (or now), even
@@ -35,6 +35,8 @@ from sqlalchemy.orm import Session
 from ..billing.prices import PricedInstance, PricePiece, price_pieces
 from ..billing.tables import PRICE_PIECES_VERSION_SQL
 from .fleet import Fleet
+from .price_classes import HOUR_S, Grid, Run, section_params, slot_sql, slots
+from .price_classes import class_sql as grid_class
 from .window import ceil_day, floor_day
 
 Span = tuple[int, datetime, datetime]
@@ -42,10 +44,6 @@ Span = tuple[int, datetime, datetime]
 PaidSpan = tuple[int, datetime, datetime, float]
 """(row index, from, to, USD per second): a GPU's expected time in paid capacity, at its price."""
 
-_SCALE = 10_000_000_000
-"""A key is instance pk x this + epoch seconds: exact in int8 for pks under 9 x 10^8."""
-PIECE_ARRAYS = (("pkey", "int8"), ("pcls", "int4"))
-"""Per key, ascending: the key and its price class."""
 CLASS_ARRAYS = (("cdelta", "float8"), ("cdnp", "float8"), ("cpay", "float8"))
 """Per price class: what it adds to the instance's own USD per GPU-hour and to its 1-if-unpriced, and USD per
 GPU-hour of paid-offline capacity (0 outside it)."""
@@ -62,8 +60,7 @@ MIXED_CTE = (
 
 def class_sql(pk: str, epoch: str) -> str:
     """The price class of a row of instance `pk` at `epoch` (seconds, float8): 1 or more."""
-    key = f"{pk} * {_SCALE} + CAST({epoch} AS int8)"
-    return f"(CAST(:pcls AS int4[]))[width_bucket({key}, CAST(:pkey AS int8[]))]"
+    return grid_class("sg", slot_sql("sslot", pk, "slo", "shi"), epoch, "sg")
 
 
 def of_class(array: str, c: str) -> str:
@@ -71,42 +68,57 @@ def of_class(array: str, c: str) -> str:
     return f"(CAST(:{array} AS float8[]))[{c}]"
 
 
-@dataclass(frozen=True)
+@dataclass
 class SeriesPrices:
-    """The pieces that change some hour's price as query arrays (PIECE_ARRAYS, starting with a key below every
-    other, of class 1; CLASS_ARRAYS, starting with class 1, which changes nothing), the mixed instance-days
-    (MIXED_ARRAYS), and the paid-offline pieces by instance pk: (from, to, USD per GPU-hour)."""
+    """The pieces that change some hour's price as price classes (CLASS_ARRAYS, starting with class 1, which changes
+    nothing) and, per instance pk, its runs of one class; the hours they are laid out over (`span`: first hour, epoch
+    seconds, and how many); the mixed instance-days (MIXED_ARRAYS); and the paid-offline pieces by instance pk:
+    (from, to, USD per GPU-hour)."""
 
-    pkey: list[int] = field(default_factory=lambda: [-1])
-    pcls: list[int] = field(default_factory=lambda: [1])
     cdelta: list[float] = field(default_factory=lambda: [0.0])
     cdnp: list[float] = field(default_factory=lambda: [0.0])
     cpay: list[float] = field(default_factory=lambda: [0.0])
     classes: dict[tuple[float, float, float], int] = field(default_factory=lambda: {(0.0, 0.0, 0.0): 1})
+    runs: dict[int, list[Run]] = field(default_factory=dict)
+    span: tuple[int, int] = (0, 0)
     mpk: list[int] = field(default_factory=list)
     mday: list[datetime] = field(default_factory=list)
     paid: dict[int, list[tuple[datetime, datetime, float]]] = field(default_factory=dict)
+    _params: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def priced(self) -> bool:
         """Whether any hour is priced otherwise than at its instance's own price (else the plain queries do)."""
-        return len(self.pkey) > 1
+        return bool(self.runs)
 
     def params(self) -> dict[str, Any]:
-        """The query parameters of a priced query; none without pieces."""
+        """The query parameters of a priced query; none without pieces. Made once: several queries take them."""
         if not self.priced:
             return {}
-        return {name: getattr(self, name) for name, _t in (*PIECE_ARRAYS, *CLASS_ARRAYS, *MIXED_ARRAYS)}
+        if self._params is None:
+            self._params = self._make_params()
+        return dict(self._params)
 
-    def _key(self, key: int, price: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> None:
+    def _make_params(self) -> dict[str, Any]:
+        pks = sorted(self.runs)
+        grid = Grid()
+        start, n = self.span
+        first = grid.section(self.runs, pks, start, HOUR_S, n)
+        sslot, slo, shi = slots({pk: i for i, pk in enumerate(pks, start=1)})
+        return (
+            {name: getattr(self, name) for name, _t in (*CLASS_ARRAYS, *MIXED_ARRAYS)}
+            | section_params("sg", first, n, start, HOUR_S)
+            | {"sg": grid.to_bytes(), "sslot": sslot, "slo": slo, "shi": shi}
+        )
+
+    def class_of(self, price: tuple[float, float, float]) -> int:
         c = self.classes.get(price)
         if c is None:
             c = self.classes[price] = len(self.classes) + 1
             self.cdelta.append(price[0])
             self.cdnp.append(price[1])
             self.cpay.append(price[2])
-        self.pkey.append(key)
-        self.pcls.append(c)
+        return c
 
 
 class PiecesMemo:
@@ -212,19 +224,16 @@ def series_prices(
                 runs[-1] = (runs[-1][0], b, price)
             else:
                 runs.append((a, b, price))
-        base = pk * _SCALE
-        last = None
-        for a, b, price in runs:
-            if last is not None and last != a:
-                out._key(base + int(last))
-            out._key(base + int(a), price)
-            last = b
+        if runs:
+            out.runs[pk] = [(int(a), int(b), out.class_of(price)) for a, b, price in runs]
+        for a, b, _price in runs:
             for t in (a, b):
                 into = t % 86400
                 if into and any(day_a < t < day_b for day_a, day_b in days):
                     mixed.add((pk, t - into))
-        if last is not None:
-            out._key(base + int(last))
+    # Every hour the reads touch: the whole UTC days around [start, end).
+    first, last = int(floor_day(start).timestamp()), int(ceil_day(end).timestamp())
+    out.span = (first, (last - first) // HOUR_S)
     for pk, day in sorted(mixed):
         out.mpk.append(pk)
         out.mday.append(datetime.fromtimestamp(day, UTC))

@@ -255,14 +255,10 @@ def test_pieces_as_query_arrays() -> None:
         ]
     }
     p = series_prices(fleet, pieces, {3}, start=d, end=d + 3 * DAY, daily=[(d, d + 2 * DAY)])
-    base = 3 * 10**10
-    assert p.pkey == [
-        -1,
-        base + int((d + 4 * H).timestamp()),
-        base + int((d + 30 * H).timestamp()),
-        base + int((d + 2 * DAY).timestamp()),
-    ]
-    assert p.pcls == [1, 2, 3, 1]
+    at = {h: int((d + h * H).timestamp()) for h in (0, 4, 30, 48)}
+    # The first four hours at the instance's own price change nothing; the bill and spot at one price are one run.
+    assert p.runs == {3: [(at[4], at[30], 2), (at[30], at[48], 3)]}
+    assert p.span == (at[0], 72)
     assert (p.cdelta, p.cdnp, p.cpay) == ([0.0, 1.0, -1.0], [0.0, 0.0, 0.0], [0.0, 0.0, 2.0])
     assert (p.mpk, p.mday) == ([3, 3], [d, d + DAY])
     assert p.paid == {3: [(d + 30 * H, d + 48 * H, 2.0)]}
