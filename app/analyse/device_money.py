@@ -2,8 +2,8 @@
 pieces there are (app/billing/prices.py): the money side of the window analysis (app/analyse/priced.py).
 
 A rollup row finds its price class without a join or a search: the classes of each instance at each day (or hour)
-of a read go in as one array laid out by instance and time (app/analyse/price_classes.py), which the row subscripts
-at its instance's slot and its time. A class is a price per GPU-second, its source (billed or spot history) and
+of a read go in as one grid laid out by instance and time (app/analyse/price_classes.py), which the row reads at
+its instance's slot and its time. A class is a price per GPU-second, its source (billed or spot history) and
 whether it pays for offline time; class 1 is "no piece": the instance's own price, applied by the caller.
 
 A daily row whose day a piece boundary cuts (a "mixed" day) has no one price. Its sums are those of its hourly
