@@ -138,14 +138,17 @@ def _sums(bound: int, rate: str, src: str, pay: str) -> str:
     return ", ".join(f"CAST(COALESCE({p}, 0) AS float8)" for p in parts)
 
 
-def _columns(bound: int, sign: int) -> str:
+def _raw(bound: int) -> tuple[str, ...]:
+    """The rollup columns the sums read."""
     if bound not in UTIL_BOUNDS:
         raise ValueError(f"idle threshold {bound} is not a rollup bound")
+    return ("secs", "util_known_s", "util_sum", f"util_lt{bound}_s", f"free_lt{bound}_s", "no_proc_s")
+
+
+def _columns(bound: int, sign: int) -> str:
     neg = "" if sign > 0 else "-"
-    return (
-        f"{neg}secs AS secs, {neg}util_known_s AS known, {neg}util_sum AS usum, "
-        f"{neg}util_lt{bound}_s AS below, {neg}free_lt{bound}_s AS free, {neg}no_proc_s AS noproc"
-    )
+    names = ("secs", "known", "usum", "below", "free", "noproc")
+    return ", ".join(f"{neg}{raw} AS {name}" for raw, name in zip(_raw(bound), names, strict=True))
 
 
 _SLOT = slot_sql("ds", "x.device_id", "dlo", "dhi")
@@ -154,22 +157,25 @@ _SLOT = slot_sql("ds", "x.device_id", "dlo", "dhi")
 # its expressions into every use, where they would run once per use): a row's slot, its class, its price (none for
 # a mixed day's daily row: its sums come from its hours).
 _PRICED = (
-    "p AS (SELECT u.*, CASE WHEN c = 0 THEN 0 ELSE (CAST(:crate AS float8[]))[c] END AS rate, "
-    "CASE WHEN c = 0 THEN 0 ELSE (CAST(:csrc AS int4[]))[c] END AS src, "
-    "CASE WHEN c = 0 THEN 0 ELSE (CAST(:cpay AS float8[]))[c] END AS pay FROM u OFFSET 0) "
+    "k AS (SELECT * FROM unnest(CAST(:crate AS float8[]), CAST(:csrc AS int4[]), CAST(:cpay AS float8[])) "
+    "WITH ORDINALITY AS k(rate, src, pay, c) UNION ALL SELECT 0, 0, 0, 0), "
+    "p AS (SELECT u.*, k.rate, k.src, k.pay FROM u JOIN k ON k.c = u.c) "
 )
+"""Each row's price from its class, by a join with the classes: a subscript of an array parameter costs PostgreSQL in
+proportion to the array (hundreds of classes) on every row. Class 0 (a mixed day's daily row) has no price: its
+sums come from its hours."""
 
 
 def _part(i: int, table: str, sign: int, bound: int, where: str) -> str:
-    """The rows of read `i` with their class (`c`, from grid section r{i})."""
+    """The rows of read `i` with their class (`c`, from grid section r{i}) and row version (`xv`)."""
     t, name = ("day", "rollups_daily") if table == DAILY else ("hour", "rollups_hourly")
-    version = "CAST(CAST(x.xmin AS text) AS int8)" if table == DAILY else "CAST(0 AS int8)"
+    # The columns named, not x.*: a whole rollup row is five times wider and costs more to carry.
     rows = (
-        f"SELECT x.*, {version} AS version, {_SLOT} AS s FROM {name} x "
-        f"WHERE x.{t} >= :t{i}a AND x.{t} < :t{i}b{where} OFFSET 0"
+        f"SELECT x.device_id, x.{t}, x.xmin AS xv, {', '.join(f'x.{c}' for c in _raw(bound))}, {_SLOT} AS s "
+        f"FROM {name} x WHERE x.{t} >= :t{i}a AND x.{t} < :t{i}b{where} OFFSET 0"
     )
     c = class_sql("g", "s", f"date_part('epoch', {t})", f"r{i}")
-    return f"SELECT device_id, {t} AS t, version, {c} AS c, {_columns(bound, sign)} FROM ({rows}) x"
+    return f"SELECT device_id, {t} AS t, xv, {c} AS c, {_columns(bound, sign)} FROM ({rows}) x"
 
 
 @lru_cache(maxsize=64)
@@ -180,7 +186,7 @@ def _window_sql(bound: int, shape: tuple[tuple[str, int], ...], filtered: bool) 
         f"WITH u AS (SELECT * FROM ({' UNION ALL '.join(parts)}) v OFFSET 0), {_PRICED}"
         f"SELECT device_id, {_USAGE_SUMS}, {_sums(bound, 'rate', 'src', 'pay')}, "
         f"array_agg(CAST(date_part('epoch', t) AS int8)) FILTER (WHERE c = {MIXED}), "
-        f"array_agg(version) FILTER (WHERE c = {MIXED}) "
+        f"array_agg(CAST(CAST(xv AS text) AS int8)) FILTER (WHERE c = {MIXED}) "
         "FROM p GROUP BY device_id"
     )
 
