@@ -171,11 +171,12 @@ def _part(i: int, table: str, sign: int, bound: int, where: str) -> str:
     t, name = ("day", "rollups_daily") if table == DAILY else ("hour", "rollups_hourly")
     # The columns named, not x.*: a whole rollup row is five times wider and costs more to carry.
     rows = (
-        f"SELECT x.device_id, x.{t}, x.xmin AS xv, {', '.join(f'x.{c}' for c in _raw(bound))}, {_SLOT} AS s "
+        f"SELECT x.device_id, x.{t}, date_part('epoch', x.{t}) AS e, x.xmin AS xv, "
+        f"{', '.join(f'x.{c}' for c in _raw(bound))}, {_SLOT} AS s "
         f"FROM {name} x WHERE x.{t} >= :t{i}a AND x.{t} < :t{i}b{where} OFFSET 0"
     )
-    c = class_sql("g", "s", f"date_part('epoch', {t})", f"r{i}")
-    return f"SELECT device_id, {t} AS t, xv, {c} AS c, {_columns(bound, sign)} FROM ({rows}) x"
+    c = class_sql("g", "s", "e", f"r{i}")
+    return f"SELECT device_id, {t} AS t, e, xv, {c} AS c, {_columns(bound, sign)} FROM ({rows}) x"
 
 
 @lru_cache(maxsize=64)
@@ -185,7 +186,7 @@ def _window_sql(bound: int, shape: tuple[tuple[str, int], ...], filtered: bool) 
     return (
         f"WITH u AS (SELECT * FROM ({' UNION ALL '.join(parts)}) v OFFSET 0), {_PRICED}"
         f"SELECT device_id, {_USAGE_SUMS}, {_sums(bound, 'rate', 'src', 'pay')}, "
-        f"array_agg(CAST(date_part('epoch', t) AS int8)) FILTER (WHERE c = {MIXED}), "
+        f"array_agg(CAST(e AS int8)) FILTER (WHERE c = {MIXED}), "
         f"array_agg(CAST(CAST(xv AS text) AS int8)) FILTER (WHERE c = {MIXED}) "
         "FROM p GROUP BY device_id"
     )
