@@ -122,11 +122,13 @@ def _sql(bound: int, shape: tuple[tuple[str, int], ...], priced: bool) -> str:
         for i, (table, sign) in enumerate(shape):
             t, name = ("day", "holder_groups_daily") if table == DAILY else ("hour", "holder_groups_hourly")
             signed = ", ".join(n if sign > 0 else f"-{n} AS {n}" for n in names)
-            cls = class_sql("g", _SLOT, f"date_part('epoch', {t})", f"r{i}")
-            parts.append(
-                f"SELECT instance_pk, key, label, {t} AS t, {cls} AS cls, {signed} FROM {name} "
-                f"WHERE grouping = :grouping AND {t} >= :t{i}a AND {t} < :t{i}b"
+            # The slot and the epoch once per row, then the class (OFFSET 0: not copied into each use).
+            rows = (
+                f"SELECT *, {_SLOT} AS s, date_part('epoch', {t}) AS e FROM {name} "
+                f"WHERE grouping = :grouping AND {t} >= :t{i}a AND {t} < :t{i}b OFFSET 0"
             )
+            cls = class_sql("g", "s", "e", f"r{i}")
+            parts.append(f"SELECT instance_pk, key, label, {t} AS t, {cls} AS cls, {signed} FROM ({rows}) x")
         hour_of_day = "CAST((date_part('epoch', h.hour) - date_part('epoch', mx.day)) / 3600 AS int4)"
         mixed_class = u16_sql("g", f"mx.o + {hour_of_day}")
         parts.append(
@@ -136,7 +138,7 @@ def _sql(bound: int, shape: tuple[tuple[str, int], ...], priced: bool) -> str:
             "AND h.instance_pk = mx.pk AND h.hour >= mx.day AND h.hour < mx.day + interval '24 hours' OFFSET 0) h"
         )
         # A daily row of a mixed day (class 0) is left out: that day's hours stand for it.
-        rows = f"SELECT * FROM ({' UNION ALL '.join(parts)}) r WHERE cls <> {MIXED}"
+        rows = f"SELECT * FROM (SELECT * FROM ({' UNION ALL '.join(parts)}) u OFFSET 0) r WHERE cls <> {MIXED}"
         withs = (
             "mx AS (SELECT * FROM unnest(CAST(:mpk AS int8[]), CAST(:mday AS timestamptz[]), CAST(:mo AS int4[])) "
             "AS mx(pk, day, o)), "
