@@ -42,7 +42,7 @@ NO_PIECE, FROM_BILL, FROM_SPOT = 0, 1, 2
 
 @dataclass
 class Grid:
-    """The grid array (`values`, 1-based in SQL) as it is built, section by section."""
+    """The grid (`values`: class numbers 0-65535, read from index 0 by `u16_sql`) as built, section by section."""
 
     values: list[int] = field(default_factory=list)
 
