@@ -252,24 +252,6 @@ def hourly_money(
     return out
 
 
-def device_money(
-    session: Session,
-    devices: Mapping[int, int],
-    classes: PriceClasses,
-    reads: Sequence[RollupRead],
-    *,
-    idle_util_pct: int,
-    memo: MixedDays | None = None,
-) -> dict[int, DeviceMoney]:
-    """Per device of `devices` (device id -> instance pk), its hours in the pieces of `classes` over the rollup
-    `reads` of a window; a device with no row in them is left out."""
-    ids = list(devices) if len(devices) <= 500 else None
-    _usage, money = usage_and_money(
-        session, devices, classes, reads, idle_util_pct=idle_util_pct, device_ids=ids, memo=memo
-    )
-    return {d: m for d, m in money.items() if d in devices}
-
-
 def usage_and_money(
     session: Session,
     devices: Mapping[int, int],

@@ -16,7 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from ..billing.prices import BILLED, SPOT_HISTORY, PricePiece
-from .device_money import ZERO, DeviceMoney, device_money, hourly_money, plus
+from .device_money import ZERO, DeviceMoney, hourly_money, plus
 from .figures import GPU, SLICE, Figures, Unit
 from .fleet import Fleet, InstanceInfo
 from .price_classes import PriceClasses
@@ -58,22 +58,20 @@ def priced_units(
     *,
     idle_util_pct: int,
     mode_at: Mapping[int, list[tuple[datetime, bool]]],
-    money: Mapping[int, DeviceMoney] | None = None,
+    money: Mapping[int, DeviceMoney],
 ) -> list[Unit]:
     """The fleet's units (app/analyse/waste.py, `build_units`) at their instances' own prices, then repriced by
     what the pieces (as `pieces_in_use` leaves them, over the whole days the window's rollup reads touch; `classes`:
     the same as `price_classes` makes them) change: each hour in a piece at the piece's price, and the offline time
     in paid capacity paid for. A GPU of `split`, whose MIG mode changed in the window (`mode_at`: its changes, as
     app/analyse/usage.py `hourly_split` takes them), has its money split by mode hour by hour, as its hours are.
-    `money`: the devices' money over the window as `device_money` gives it, when already read."""
+    `money`: the devices' money over the window, as app/analyse/device_money.py `usage_and_money` reads it."""
     paid = _paid_offline(fleet, pieces, window)
     due = {pk: expected_s(fleet.gpus[pk], window) + extra_s for pk, (extra_s, _usd) in paid.items()}
     units = build_units(fleet, usage, window, split, expected=due)
     if not pieces:
         return units
     devices = priced_devices(fleet, pieces)
-    if money is None:
-        money = device_money(session, devices, classes, window.rollup_reads(), idle_util_pct=idle_util_pct)
     by_mode: dict[int, tuple[DeviceMoney, DeviceMoney]] = {}
     switched = {pk: devices[pk] for pk in split if pk in devices}
     hours = hourly_money(session, switched, classes, window.start, window.end, idle_util_pct=idle_util_pct)

@@ -14,7 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ..models import Event
-from .device_money import usage_and_money
+from .device_money import DeviceMoney, usage_and_money
 from .figures import HOURS_PER_MONTH, Figures, Unit
 from .fleet import Fleet
 from .grouping import GroupRow, by_value, group_rows, instance_group, per_instance, summarise
@@ -100,7 +100,7 @@ def analyse_waste(
     pieces = pieces_in_use(fleet, load_pieces(session, fleet, window.start, window.end))
     classes = price_classes(fleet, pieces)
     bound = thresholds.idle_util_pct
-    money = None
+    money: dict[int, DeviceMoney] = {}
     if classes.priced:
         # Usage and money from one read of the rows.
         usage, money = usage_and_money(

@@ -90,8 +90,8 @@ def _page(request: Request, session: Session, form: RuleForm, *, status: int = 2
     responses={
         200: {
             "model": AlertsView,
-            "description": "The page's rules, incidents and actions as JSON (`Accept: application/json`), else the "
-            "HTML page; with `HX-Request: true`, only its live part. Webhook secrets are never shown.",
+            "description": "The page's rules, incidents, actions and delivery as JSON (`Accept: application/json`), "
+            "else the HTML page; with `HX-Request: true`, only its live part. Webhook secrets are never shown.",
             "content": {"text/html": _HTML},
         },
         303: {"description": "No dashboard login: to the login page (HTML requests)."},

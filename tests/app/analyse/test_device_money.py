@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import insert
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.analyse.device_money import MixedDays, device_money
+from app.analyse.device_money import MixedDays, usage_and_money
 from app.analyse.figures import GPU, SLICE
 from app.analyse.price_classes import price_classes
 from app.analyse.series_prices import load_pieces
@@ -95,9 +95,10 @@ def test_the_hours_of_a_kept_day_are_read_once(analyst: Analyst, sessions: sessi
         classes = price_classes(fleet, pieces)
         devices = {g.pk: g.instance.pk for g in fleet.gpus.values()}
         assert len(classes.mixed) == 2  # both days cut by a price change
-        first = device_money(session, devices, classes, window.rollup_reads(), idle_util_pct=5, memo=memo)
+        reads = window.rollup_reads()
+        _usage, first = usage_and_money(session, devices, classes, reads, idle_util_pct=5, device_ids=None, memo=memo)
         assert len(memo) == 2
-        again = device_money(session, devices, classes, window.rollup_reads(), idle_util_pct=5, memo=memo)
+        _usage, again = usage_and_money(session, devices, classes, reads, idle_util_pct=5, device_ids=None, memo=memo)
     assert again == first
     (money,) = first.values()
     assert money.spot_s == pytest.approx(36 * 3600)
