@@ -196,6 +196,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
         seed=args.seed,
         reset=args.reset,
         interval_s=args.interval_s,
+        webhook=args.webhook,
     )
     if settings.database_url:
         print("gpufleet demo: GPUFLEET_DATABASE_URL is not used: the demo keeps its own database", file=sys.stderr)
@@ -502,6 +503,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--port", type=int, help="port on 127.0.0.1 (default 8000)")
     p.add_argument("--interval-s", type=int, default=10, metavar="S", help="live agents' interval, s (default 10)")
+    p.add_argument(
+        "--webhook",
+        metavar="URL",
+        help="send the demo's alerts to this URL, signed (docs/alerts.md); default: print them in the log",
+    )
     p.set_defaults(func=_demo)
 
     p = sub.add_parser("migrate", help="apply database migrations")

@@ -1,4 +1,5 @@
-"""The FastAPI application: routes, error handling, and the partition upkeep and billing jobs that run beside them."""
+"""The FastAPI application: routes, error handling, and the jobs that run beside them: partition upkeep, billing,
+and alerts (evaluation, delivery, stop actions, daily digests)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from . import __version__
 from .alerts.api import router as alerts_router
+from .alerts.digest import digest_job
+from .alerts.evaluate import evaluation_job
 from .alerts.outbox import sender_job
+from .alerts.stop import action_job
 from .auth import SECURITY_SCHEMES
 from .billing.schedule import billing_jobs
 from .db import make_engine, make_sessionmaker
@@ -42,6 +46,7 @@ from .web.api_docs import OPENAPI_PATH
 from .web.api_docs import router as api_docs_router
 from .web.login import router as login_router
 from .web.pages import router as pages_router
+from .web.snooze import router as snooze_router
 from .web.templating import STATIC_DIR, AssetFiles
 
 log = logging.getLogger("gpufleet")
@@ -114,8 +119,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         tasks = [
             asyncio.create_task(_upkeep_loop(engine, settings, metrics, outage)),
             *billing_jobs(engine, settings),
-            sender_job(engine, settings),
         ]
+        if settings.alerts == "on":
+            tasks += [
+                evaluation_job(engine, settings),
+                sender_job(engine, settings),
+                action_job(engine, settings),
+                digest_job(engine, settings),
+            ]
         try:
             yield
         finally:
@@ -145,6 +156,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(api_docs_router)
     app.include_router(login_router)
     app.include_router(pages_router)
+    app.include_router(snooze_router)
     app.include_router(alerts_page_router)
     app.add_exception_handler(ToLogin, to_login)
     errors.install(app)

@@ -141,8 +141,16 @@ class Settings(BaseSettings):
         description="TOML file of alert rules loaded at start (configuration as code); unset: rules from the "
         "/alerts page and the API only. A file with an error stops `gpufleet serve` with one line.",
     )
+    alerts: Literal["on", "off"] = Field(
+        default="on",
+        description="off: this server evaluates no rules and sends no alert messages, stop actions or digests; "
+        "rules, incidents and the outbox stay for a server with alerts on to act on.",
+    )
     alerts_check_s: float = Field(default=60.0, ge=5, le=3600, description="How often rules are evaluated, s.")
     alerts_send_s: float = Field(default=5.0, gt=0, le=300, description="How often due messages are sent, s.")
+    alerts_digest_hour: int = Field(
+        default=8, ge=0, le=23, description="UTC hour from which each route's daily digest of the last day is sent."
+    )
     public_url: str | None = Field(
         default=None,
         description="The dashboard's address as recipients reach it, for the links in messages; unset: the "
@@ -160,12 +168,45 @@ class Settings(BaseSettings):
         default_factory=dict,
         description="Addresses of the users processes run as: user=address pairs, comma-separated.",
     )
+    team_tag: str = Field(
+        default="team",
+        min_length=1,
+        max_length=128,
+        description="Instance tag naming the team an instance belongs to, for owner routes without an owner.",
+    )
+    team_routes: Annotated[dict[str, list[str]], NoDecode] = Field(
+        default_factory=dict,
+        description="Where each team's alerts go: team=address or team=Slack incoming webhook URL pairs, "
+        "comma-separated; a team given twice has both.",
+    )
     smtp_host: str | None = Field(default=None, description="SMTP server for email routes; unset: no email.")
     smtp_port: int = Field(default=587, ge=1, le=65535)
     smtp_starttls: Literal["on", "off"] = Field(default="on", description="on: STARTTLS before anything is sent.")
     smtp_user: str | None = Field(default=None, description="SMTP login; unset: no AUTH.")
     smtp_password: str | None = None
     smtp_from: str = Field(default="gpufleet@localhost", description="From address of alert email.")
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        from urllib.parse import urlsplit
+
+        if value is None or not value.strip():
+            return None
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+            raise ValueError(f"expected http(s)://host[:port][/path], not {value.strip()[:80]!r}")
+        return value.strip().rstrip("/")
+
+    @field_validator("alerts_signing_key")
+    @classmethod
+    def _signing_key(cls, value: str | None) -> str | None:
+        # A short key could be guessed, and with it snooze links forged for any incident.
+        if value is None or not value.strip():
+            return None
+        if len(value.strip()) < 32:
+            raise ValueError("must be 32 characters or more, such as the output of `openssl rand -hex 32`")
+        return value.strip()
 
     @field_validator("owner_tags", mode="before")
     @classmethod
@@ -187,6 +228,37 @@ class Settings(BaseSettings):
                 raise ValueError(f"expected user=address, not {pair[:60]!r}")
             out[user.strip()] = address.strip()
         return out
+
+    @field_validator("team_tag", mode="before")
+    @classmethod
+    def _strip_tag(cls, value: object) -> object:
+        return value.strip() if isinstance(value, str) else value
+
+    @field_validator("team_routes", mode="before")
+    @classmethod
+    def _team_pairs(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        out: dict[str, list[str]] = {}
+        for pair in filter(None, (p.strip() for p in value.split(","))):
+            # A pair may hold a Slack URL, whose path is a secret: errors name the team, never the target.
+            team, sep, target = (part.strip() for part in pair.partition("="))
+            if not sep or not team:
+                raise ValueError("expected team=address or team=https://hooks.slack.com/... pairs, comma-separated")
+            if not target:
+                raise ValueError(f"team {team[:40]!r} has no address or Slack URL after '='")
+            out.setdefault(team, []).append(target)
+        return out
+
+    @field_validator("team_routes")
+    @classmethod
+    def _team_targets(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        from .alerts.recipients import team_target
+
+        for team, targets in value.items():
+            for target in targets:
+                team_target(team, target)  # ValueError naming the team
+        return value
 
     refresh_s: int = Field(default=30, ge=1, le=3600, description="How often dashboard pages refresh their figures, s.")
 
@@ -240,7 +312,7 @@ class Settings(BaseSettings):
         load_certificates(value.expanduser())  # a file that does not load stops the server at start
         return value.expanduser()
 
-    @field_validator("auth", "cookie_secure", "smtp_starttls", mode="before")
+    @field_validator("auth", "alerts", "cookie_secure", "smtp_starttls", mode="before")
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.strip().lower() if isinstance(value, str) else value

@@ -62,6 +62,12 @@ def parse_args(argv: list[str] | None, description: str | None) -> argparse.Name
         help="on (default): the fleet has a month of bill and spot price history (bench/fleet_bill.py), imported "
         "once; off: the billing tables are emptied and every hour is at the instance's own price",
     )
+    p.add_argument(
+        "--alert-rules",
+        action="store_true",
+        help="install bench/alerts.py's ten alert rules, so the server evaluates them every GPUFLEET_ALERTS_CHECK_S "
+        "while it is timed (removed at the end with their incidents and messages)",
+    )
     p.add_argument("--load-workers", type=int, default=2, help="processes generating and writing samples")
     p.add_argument("--workers", type=int, default=1, help="server worker processes (default 1)")
     p.add_argument(

@@ -3,13 +3,16 @@ timed through a real `gpufleet serve`: as a full page, as its htmx fragment and 
 
     .venv/bin/python -m bench.pages [--instances 300] [--days 14] [--interval-s 30] [--runs 30]
         [--data-dir DIR --keep] [--database-url URL] [--skip-load] [--load-workers 2] [--workers 1]
-        [--only SUBSTRING ...] [--compare EARLIER_OUTPUT]
+        [--only SUBSTRING ...] [--compare EARLIER_OUTPUT] [--alert-rules]
     (or .venv/bin/python bench/pages.py with the same options)
 
 Loading (bench/fleet_load.py): inventory as agents' first batches make it, samples through `write_samples`, one
 UTC hour of the whole fleet per transaction, then VACUUM ANALYZE. With `--data-dir DIR --keep` (or
 `--database-url`) the loaded database stays for the next run, which only adds the samples of the time since
 (bench/fleet_db.py).
+
+`--alert-rules` installs bench/alerts.py's ten alert rules first, so the server evaluates them every
+GPUFLEET_ALERTS_CHECK_S (60 s) while the pages are timed, as a server with rules does.
 
 Timing: for each URL, 3 untimed requests, then `--runs` sequential ones, three ways: the full page, its htmx
 fragment (`HX-Request: true`) and its figures as JSON (`Accept: application/json`; the answer's Content-Type
@@ -145,6 +148,11 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]
         raise BenchError(f"no URL holds any of {args.only}")
     prepared = prepare(args, stack)
     db, fleet, figures, url = prepared.db, prepared.fleet, prepared.figures, prepared.db.url
+    if args.alert_rules:
+        from app.db import make_sessionmaker
+        from bench.alerts import install_rules
+
+        log(f"{len(install_rules(make_sessionmaker(prepared.engine), stack))} alert rules evaluated by the server")
     proc, port, log_path = serve(prepared, args.workers, stack)
 
     client = Client(port, make_read_token(url, f"bench-pages-{secrets.token_hex(4)}"))
@@ -184,6 +192,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Any]
         "runs": args.runs,
         "workers": args.workers,
         "only": args.only,
+        "alert_rules": args.alert_rules,
         **tables,
         "checks": checks(tables, problems),
         "overview_30d_over_1d": _ratio(pages.get(MONTH_OVERVIEW), pages.get(OVERVIEW), "p50_ms"),

@@ -93,7 +93,8 @@ def database_url() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def settings(database_url: str) -> Settings:
-    return Settings(database_url=database_url, data_dir=Path(tempfile.gettempdir()) / "unused")
+    # Alert jobs off: a test that makes rules or incidents by hand must not race the server's own evaluation.
+    return Settings(database_url=database_url, data_dir=Path(tempfile.gettempdir()) / "unused", alerts="off")
 
 
 @pytest.fixture(scope="session")

@@ -33,6 +33,7 @@ from ..db import make_sessionmaker, session_scope
 from ..settings import Settings
 from . import channels
 from .channels import SendResult, display_target
+from .failures import FailureLog
 from .tables import alert_outbox
 
 log = logging.getLogger("gpufleet.alerts")
@@ -55,6 +56,53 @@ def message_id(*parts: object) -> uuid.UUID:
     return uuid.uuid5(_NAMESPACE, "\x1f".join(str(p) for p in parts))
 
 
+@dataclass(frozen=True)
+class Message:
+    """One message to queue. `payload`: slack `{text, blocks?}`, webhook any JSON object (sent with `message_id`
+    added), email `{subject, text, html?}`. `target`: the URL or email address."""
+
+    message_id: uuid.UUID
+    incident_id: int | None
+    kind: str
+    channel: str
+    target: str
+    secret: str | None
+    payload: Mapping[str, Any]
+    due_at: datetime | None = None
+
+
+ENQUEUE_CHUNK = 1000
+"""Messages per INSERT: nine parameters each, well under PostgreSQL's 65,535 per statement."""
+
+
+def enqueue_many(session: Session, messages: Sequence[Message]) -> int:
+    """Queue messages in the caller's transaction (no commit), one statement per `ENQUEUE_CHUNK`; how many were
+    new (a message whose id is queued already is left as it is)."""
+    new = 0
+    for first in range(0, len(messages), ENQUEUE_CHUNK):
+        rows = [
+            {
+                "message_id": m.message_id,
+                "incident_id": m.incident_id,
+                "kind": m.kind,
+                "channel": m.channel,
+                "target": m.target,
+                "secret": m.secret,
+                "payload": dict(m.payload),
+                "due_at": m.due_at if m.due_at is not None else func.now(),
+            }
+            for m in messages[first : first + ENQUEUE_CHUNK]
+        ]
+        stmt = (
+            insert(alert_outbox)
+            .values(rows)
+            .on_conflict_do_nothing(index_elements=[alert_outbox.c.message_id])
+            .returning(alert_outbox.c.id)
+        )
+        new += len(session.execute(stmt).all())
+    return new
+
+
 def enqueue(
     session: Session,
     *,
@@ -67,27 +115,10 @@ def enqueue(
     payload: Mapping[str, Any],
     due_at: datetime | None = None,
 ) -> bool:
-    """Queue one message in the caller's transaction (no commit); True when new, False when its id is queued
-    already. `payload`: slack `{text, blocks?}`, webhook any JSON object (sent with `message_id` added), email
-    `{subject, text, html?}`. `target`: the URL or email address."""
-    values: dict[str, Any] = {
-        "message_id": message_id,
-        "incident_id": incident_id,
-        "kind": kind,
-        "channel": channel,
-        "target": target,
-        "secret": secret,
-        "payload": dict(payload),
-    }
-    if due_at is not None:
-        values["due_at"] = due_at
-    stmt = (
-        insert(alert_outbox)
-        .values(**values)
-        .on_conflict_do_nothing(index_elements=[alert_outbox.c.message_id])
-        .returning(alert_outbox.c.id)
-    )
-    return session.execute(stmt).first() is not None
+    """Queue one message (`Message` says what each field holds) in the caller's transaction (no commit); True
+    when new, False when its id is queued already."""
+    message = Message(message_id, incident_id, kind, channel, target, secret, payload, due_at)
+    return enqueue_many(session, [message]) == 1
 
 
 def backoff_s(attempts: int, retry_after_s: float | None = None, *, rng: random.Random | None = None) -> float:
@@ -285,24 +316,8 @@ def send_due(
     return report
 
 
-class _Reasons:
-    """The last failure of each target and of the round, so a lasting one is logged once, not every round."""
-
-    def __init__(self) -> None:
-        self._last: dict[str, str] = {}
-
-    def failed(self, what: str, reason: str) -> None:
-        if self._last.get(what) != reason:
-            log.warning("alert sending: %s failed, will retry: %s", what, reason)
-        self._last[what] = reason
-
-    def worked(self, what: str) -> None:
-        if self._last.pop(what, None) is not None:
-            log.info("alert sending: %s works again", what)
-
-
 async def _send_every(sessions: sessionmaker[Session], settings: Settings) -> None:
-    reasons = _Reasons()
+    reasons = FailureLog("alert sending", retried=True)
     while True:
         try:
             report = await asyncio.to_thread(send_due, sessions, settings)

@@ -13,6 +13,8 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
+    LargeBinary,
+    SmallInteger,
     Table,
     Text,
     text,
@@ -175,4 +177,18 @@ alert_actions = Table(
     Column("created_at", TZ, nullable=False, server_default=text("now()")),
     CheckConstraint(f"status IN ({', '.join(repr(s) for s in ACTION_STATUSES)})", name="status"),
     comment="Every action taken, or about to be, on an instance.",
+)
+
+# An incident's snoozes, newest last: the /alerts page shows the latest of each.
+Index("ix_alert_snoozes_incident", alert_snoozes.c.incident_id, alert_snoozes.c.created_at)
+
+alert_signing_key = Table(
+    "alert_signing_key",
+    Base.metadata,
+    Column("id", SmallInteger, primary_key=True, autoincrement=False, comment="Always 1: one row."),
+    Column("key", LargeBinary, nullable=False, comment="32 random bytes, the HMAC-SHA256 key."),
+    Column("created_at", TZ, nullable=False, server_default=text("now()")),
+    CheckConstraint("id = 1", name="one_row"),
+    comment="The key that signs snooze links when GPUFLEET_ALERTS_SIGNING_KEY is unset; deleting the row ends every "
+    "link sent so far.",
 )

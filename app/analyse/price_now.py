@@ -17,7 +17,8 @@ from typing import NamedTuple
 
 from sqlalchemy.orm import Session
 
-from ..billing.prices import BILLED, PricedInstance, PricePiece, price_pieces
+from ..billing.pieces_memo import kept_pieces
+from ..billing.prices import BILLED, PricedInstance, PricePiece
 from .fleet import InstanceInfo
 from .priced import per_gpu_hour
 from .window import HOUR, floor_hour
@@ -57,11 +58,12 @@ def read_pieces(
     session: Session, instances: Iterable[InstanceInfo], now: datetime, since: datetime | None = None
 ) -> dict[int, list[PricePiece]]:
     """The instances' price pieces (by pk, in time order) over what `price_at` needs of them, from
-    `BILL_LAG` before the current hour (or from `since`, if earlier) to the end of the current hour. One read."""
+    `BILL_LAG` before the current hour (or from `since`, if earlier) to the end of the current hour. One read per
+    change to the prices (app/billing/pieces_memo.py)."""
     hour = floor_hour(now)
     start = hour - BILL_LAG if since is None else min(floor_hour(since), hour - BILL_LAG)
     wanted = [PricedInstance(i.pk, i.instance_id, i.lifecycle, i.instance_type, i.availability_zone) for i in instances]
-    return price_pieces(session, wanted, start, hour + HOUR)
+    return kept_pieces(session, wanted, start, hour + HOUR)
 
 
 def price_at(inst: InstanceInfo, pieces: Sequence[PricePiece], now: datetime) -> PriceNow:

@@ -22,18 +22,15 @@ after its instance was taken for gone. The queries give what the GPUs covered in
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from ..billing.prices import PricedInstance, PricePiece, price_pieces
-from ..billing.tables import PRICE_PIECES_VERSION_SQL
+from ..billing.pieces_memo import PIECES, PiecesMemo, kept_pieces
+from ..billing.prices import PricedInstance, PricePiece
 from .fleet import Fleet
 from .price_classes import HOUR_S, Grid, Run, section_params, slot_sql, slots
 from .price_classes import class_sql as grid_class
@@ -121,35 +118,6 @@ class SeriesPrices:
         return c
 
 
-class PiecesMemo:
-    """Price pieces read so far in this process, by database, version of their sources (`price_pieces_version`,
-    which every change to the bill's prices or the spot price history moves), span and instances: a page reads them
-    once per import or spot price read, not on every view. The version is read before the pieces, so the pieces kept
-    under a version are never older than it. Holds the `size` latest reads."""
-
-    def __init__(self, size: int = 32) -> None:
-        self._lock = threading.Lock()
-        self._size = size
-        self._kept: OrderedDict[Hashable, dict[int, list[PricePiece]]] = OrderedDict()
-
-    def get(self, key: Hashable) -> dict[int, list[PricePiece]] | None:
-        with self._lock:
-            found = self._kept.get(key)
-            if found is None:
-                return None
-            self._kept.move_to_end(key)
-        return {pk: list(ps) for pk, ps in found.items()}
-
-    def put(self, key: Hashable, pieces: Mapping[int, list[PricePiece]]) -> None:
-        with self._lock:
-            self._kept[key] = {pk: list(ps) for pk, ps in pieces.items()}
-            while len(self._kept) > self._size:
-                self._kept.popitem(last=False)
-
-
-PIECES = PiecesMemo()
-
-
 def load_pieces(
     session: Session,
     fleet: Fleet,
@@ -166,16 +134,7 @@ def load_pieces(
         for i in fleet.instances.values()
         if pks is None or i.pk in pks
     )
-    a, b = floor_day(start), ceil_day(end)
-    version = session.execute(text(PRICE_PIECES_VERSION_SQL)).scalar()
-    if version is None:
-        return price_pieces(session, wanted, a, b)
-    key = (str(session.get_bind().engine.url), version, a, b, wanted)
-    found = memo.get(key)
-    if found is None:
-        found = price_pieces(session, wanted, a, b)
-        memo.put(key, found)
-    return found
+    return kept_pieces(session, wanted, floor_day(start), ceil_day(end), memo=memo)
 
 
 def series_prices(

@@ -29,6 +29,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from ..alerts.fields import check_url
 from ..auth import create_token, hash_secret
 from ..db import make_engine, make_sessionmaker, session_scope
 from ..main import create_app
@@ -39,6 +40,7 @@ from ..store.bulk import quiet_bulk_loads
 from ..store.partitions import upkeep
 from . import billing, history
 from .agents import LiveAgents
+from .alerts import IDLE_FOR_HOURS, RULE_NAME, SECRET, PrintingReceiver, install_rule
 from .fleet import DAY, DEFAULT_INSTANCES, DEFAULT_SEED, GRID_S, STORIES, STORIES_DIGEST, DemoFleet, make_fleet
 from .imds import MetadataServer
 from .signer import DEMO_ACCOUNT, IdentitySigner
@@ -48,6 +50,8 @@ DAYS = history.DAYS
 INTERVALS = (5, 10, 15, 20, 30, 60)
 """Live intervals the demo offers, s: each divides the 5-minute grid of the history."""
 DEFAULT_INTERVAL_S = 10
+DEMO_ALERTS_CHECK_S = 10.0
+"""How often the demo's server evaluates the alert rules, s."""
 STATE_FILE = "demo.json"
 TOKEN_FILE = "ingest-token"
 IDENTITY_CERT_FILE = "identity-cert.pem"
@@ -67,6 +71,8 @@ class DemoOptions:
     seed: int | None = None
     reset: bool = False
     interval_s: int = DEFAULT_INTERVAL_S
+    webhook: str | None = None
+    """Where the demo's alert rule sends its messages; None: a receiver of the demo's own prints them."""
 
 
 def say(message: str) -> None:
@@ -245,6 +251,11 @@ def check_options(options: DemoOptions) -> None:
             raise DemoError(str(exc)) from None
     if options.interval_s not in INTERVALS:
         raise DemoError(f"--interval-s must be one of {', '.join(map(str, INTERVALS))}")
+    if options.webhook is not None:
+        try:
+            check_url(options.webhook)
+        except ValueError as exc:
+            raise DemoError(f"--webhook: {exc}") from None
 
 
 def run_demo(
@@ -305,13 +316,19 @@ def _run(options: DemoOptions, settings: Settings, sock: socket.socket, engine: 
     agent_token(sessions, token_file)
     # The agents authenticate with their signed instance identity, signed by a key of the demo's own that the
     # server trusts beside AWS's (docs/ingest-protocol.md, "Authentication"); the token stays as their fallback.
+    receiver = None if options.webhook else PrintingReceiver(lambda line: say(f"alert: {line}")).start()
+    alerts_to = options.webhook or (receiver.url if receiver else "")
+    with session_scope(sessions) as session:
+        install_rule(session, alerts_to, now=datetime.now(UTC))
     signer = IdentitySigner()
     metadata = MetadataServer({i.instance_id: (i.metadata(), i.tags) for i in fleet.instances}, signer=signer).start()
     trusted = signer.write_certificate(options.folder / IDENTITY_CERT_FILE)
-    identity = {"identity_accounts": [DEMO_ACCOUNT], "identity_extra_certs": trusted}
-    server = ServerThread(settings.model_copy(update=identity), sock)
     host, port = sock.getsockname()[:2]
     url = f"http://{host}:{port}/"
+    identity = {"identity_accounts": [DEMO_ACCOUNT], "identity_extra_certs": trusted}
+    # Rules are evaluated more often than a server's default minute, so the first alert comes within seconds.
+    alerting = {"alerts_check_s": DEMO_ALERTS_CHECK_S, "public_url": url}
+    server = ServerThread(settings.model_copy(update=identity | alerting), sock)
     agents = LiveAgents(
         fleet,
         server_url=url.rstrip("/"),
@@ -335,6 +352,7 @@ def _run(options: DemoOptions, settings: Settings, sock: socket.socket, engine: 
         )
         agents.sync(time.time())
         _legend(fleet, agents, options.interval_s, url, shipped)
+        _alerts_legend(options.webhook, url)
         say(f"open {url}  (Ctrl-C stops the agents, the server and PostgreSQL)")
         while True:
             time.sleep(2.0)
@@ -343,6 +361,16 @@ def _run(options: DemoOptions, settings: Settings, sock: socket.socket, engine: 
         agents.stop()
         server.stop()
         metadata.stop()
+        if receiver is not None:
+            receiver.stop()
+
+
+def _alerts_legend(webhook: str | None, url: str) -> None:
+    where = f"to {webhook}, signed with the secret {SECRET!r}" if webhook else "here, as lines starting 'alert:'"
+    say(
+        f"alerts: the rule {RULE_NAME!r} reports GPUs idle {IDLE_FOR_HOURS:g} h or more {where} "
+        f"(docs/alerts.md); rules, incidents and deliveries: {url}alerts"
+    )
 
 
 def _legend(fleet: DemoFleet, agents: LiveAgents, interval_s: int, url: str, shipped: billing.Shipped) -> None:

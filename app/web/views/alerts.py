@@ -6,17 +6,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import and_, func, select, true
 from sqlalchemy.orm import Session
 
 from ...alerts.fields import format_duration
 from ...alerts.outbox import TargetStatus, outbox_status
 from ...alerts.rules import NEEDS_FOR, Rule, Target, list_rules
-from ...alerts.tables import alert_actions, alert_incidents, alert_rules
+from ...alerts.snooze import Snooze, recent_snoozes
+from ...alerts.tables import alert_actions, alert_incidents, alert_rules, alert_snoozes
 from ..templating import usd
 
 RECENT = 20
-"""Incidents and actions shown."""
+"""Incidents, actions and snoozes shown."""
 
 CONDITION_TEXT = {
     "gpu_idle": "GPU idle or idle-held",
@@ -77,6 +78,17 @@ class IncidentRow:
     closed_at: datetime | None
     """None: still open."""
     snoozed_until: datetime | None
+    """Until when the latest snooze holds it (it may have passed)."""
+    snoozed: bool
+    """Open and snoozed now: no messages, no stop."""
+    snoozed_by: str | None
+    """Who made the latest snooze (a name given on the snooze page, `snooze link` without one)."""
+    snooze_reason: str | None
+    """The latest snooze's reason."""
+    snoozed_at: datetime | None
+    """When the latest snooze was made."""
+    stop_at: datetime | None
+    """When a pending stop action is due, unless the incident is snoozed first; None: none pending."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +118,8 @@ class AlertsView:
     """GPUFLEET_ALERTS_FILE, where file rules are changed; None: not set."""
     delivery: list[TargetStatus] = field(default_factory=list)
     """The outbox per target, failing ones first."""
+    snoozes: list[Snooze] = field(default_factory=list)
+    """The most recent snoozes first: who, until when, why."""
 
 
 def _condition_text(rule: Rule) -> str:
@@ -155,12 +169,42 @@ def rule_row(rule: Rule) -> RuleRow:
 
 
 def build_alerts(session: Session, *, rule_file: str | None) -> AlertsView:
-    i, r, a = alert_incidents.c, alert_rules.c, alert_actions.c
+    r, a, s = alert_rules.c, alert_actions.c, alert_snoozes.c
+    # The newest incidents first, then each one's latest snooze and next pending stop (by index, 20 times).
+    recent = (
+        select(alert_incidents).order_by(alert_incidents.c.opened_at.desc(), alert_incidents.c.id.desc()).limit(RECENT)
+    ).subquery("recent")
+    i = recent.c
+    latest = (
+        select(s.by, s.reason, s.created_at)
+        .where(s.incident_id == i.id)
+        .order_by(s.created_at.desc(), s.id.desc())
+        .limit(1)
+        .lateral("latest")
+    )
+    stop = (
+        select(func.min(a.due_at).label("due_at")).where(a.incident_id == i.id, a.status == "pending").lateral("stop")
+    )
     incidents = session.execute(
-        select(i.id, r.name.label("rule"), i.subject, i.since, i.opened_at, i.closed_at, i.snoozed_until)
+        select(
+            i.id,
+            r.name.label("rule"),
+            i.subject,
+            i.since,
+            i.opened_at,
+            i.closed_at,
+            i.snoozed_until,
+            and_(i.closed_at.is_(None), i.snoozed_until > func.now()).is_(true()).label("snoozed"),
+            latest.c.by.label("snoozed_by"),
+            latest.c.reason.label("snooze_reason"),
+            latest.c.created_at.label("snoozed_at"),
+            stop.c.due_at.label("stop_at"),
+        )
+        .select_from(recent)
         .join(alert_rules, r.id == i.rule_id)
+        .outerjoin(latest, true())
+        .outerjoin(stop, true())
         .order_by(i.opened_at.desc(), i.id.desc())
-        .limit(RECENT)
     )
     actions = session.execute(
         select(
@@ -185,6 +229,7 @@ def build_alerts(session: Session, *, rule_file: str | None) -> AlertsView:
         actions=[ActionRow(**row._mapping) for row in actions],
         rule_file=rule_file,
         delivery=outbox_status(session),
+        snoozes=recent_snoozes(session, limit=RECENT),
     )
 
 

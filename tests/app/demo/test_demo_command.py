@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from app.alerts.channels import sign
+from app.demo.alerts import SECRET
+from tests.app.alerts.receivers import HttpReceiver, Request
 from tests.demo_process import DemoProcess, get, postgres_processes, samples_accepted
 
 pytestmark = pytest.mark.demo
@@ -39,9 +42,23 @@ def text_of(html: str) -> str:
     return " ".join(re.sub(r"<[^>]+>", " ", html).split())
 
 
+def g5_messages(receiver: HttpReceiver) -> list[tuple[Request, dict[str, object]]]:
+    """The demo's alert messages about the forgotten g5, each checked against the demo's signing secret."""
+    out = []
+    for r in receiver.requests("/demo"):
+        assert r.headers["x-gpufleet-signature"] == sign(SECRET, int(r.headers["x-gpufleet-timestamp"]), r.body)
+        body = json.loads(r.body)
+        if (body.get("instance") or {}).get("name") == "vision-finetune-dev":
+            out.append((r, body))
+    return out
+
+
 def test_the_demo_tells_its_stories_live_and_stops_everything(tmp_path: Path) -> None:
     folder = tmp_path / "demo"
-    demo = DemoProcess([*gpufleet(), "demo", "--data-dir", str(folder), "--port", str(free_port())], env=clean_env())
+    receiver = HttpReceiver()
+    launched = time.monotonic()
+    command = [*gpufleet(), "demo", "--data-dir", str(folder), "--port", str(free_port())]
+    demo = DemoProcess([*command, "--webhook", receiver.url("/demo")], env=clean_env())
     try:
         url = demo.wait_for_url(timeout_s=120)
         started = time.monotonic()
@@ -96,6 +113,21 @@ def test_the_demo_tells_its_stories_live_and_stops_everything(tmp_path: Path) ->
             assert time.monotonic() - started < 60, "no live interval arrived"
             time.sleep(1)
 
+        # The forgotten g5 is reported to the webhook within 90 s of the start, once, with its dollars.
+        assert f"to {receiver.url('/demo')}, signed with the secret" in demo.output
+        while not g5_messages(receiver):
+            assert time.monotonic() - launched < 90, (receiver.requests(), demo.output[-2000:])
+            time.sleep(1)
+        [(first, body)] = g5_messages(receiver)
+        assert first.at - launched < 90
+        assert body["kind"] == "open" and body["instance"]["id"].startswith("i-0")
+        assert "g5.xlarge" in json.dumps(body) or "A10G" in str(body["text"])
+        assert re.search(r"\$\d+\.\d\d so far", str(body["text"])), body["text"]
+        # The demo evaluates every 10 s: a minute of further rounds sends nothing more about it.
+        while time.monotonic() - first.at < 60:
+            time.sleep(2)
+        assert len(g5_messages(receiver)) == 1
+
         assert demo.interrupt(timeout_s=60) == 0
         assert "gpufleet demo: stopped" in demo.output
         assert "Traceback" not in demo.output
@@ -103,3 +135,4 @@ def test_the_demo_tells_its_stories_live_and_stops_everything(tmp_path: Path) ->
         assert not (folder / "pgdata" / "postmaster.pid").exists()
     finally:
         demo.kill()
+        receiver.close()
