@@ -16,11 +16,13 @@ from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from ..alerts import rules
 from ..alerts.channels import MESSAGE_ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
 from ..alerts.rules import Route, Rule, Target
+from ..alerts.tables import alert_incidents, alert_outbox
 
 RULE_NAME = "demo: forgotten GPUs"
 IDLE_FOR_HOURS = 4.0
@@ -41,11 +43,17 @@ def demo_rule(url: str) -> Rule:
 
 
 def install_rule(session: Session, url: str, *, now: datetime) -> Rule:
-    """The demo's rule, pointing at `url`, made or brought up to date (the caller commits)."""
-    rule = demo_rule(url)
-    if rules.get_rule(session, RULE_NAME) is None:
-        return rules.create_rule(session, rule, by="gpufleet demo", now=now)
-    return rules.replace_rule(session, RULE_NAME, rule, by="gpufleet demo", now=now)
+    """The demo's rule, pointing at `url`, made afresh (the caller commits). A demo started again tells its story
+    again: the rule of the last run goes, with its incidents and the messages it had not sent (to a receiver that
+    went with that run)."""
+    old = rules.get_rule(session, RULE_NAME)
+    if old is not None:
+        incidents = select(alert_incidents.c.id).where(alert_incidents.c.rule_id == old.id).scalar_subquery()
+        session.execute(
+            delete(alert_outbox).where(alert_outbox.c.incident_id.in_(incidents), alert_outbox.c.sent_at.is_(None))
+        )
+        rules.delete_rule(session, RULE_NAME)
+    return rules.create_rule(session, demo_rule(url), by="gpufleet demo", now=now)
 
 
 def describe(body: dict[str, Any]) -> str:

@@ -1,5 +1,5 @@
-"""The demo's alert receiver: it prints each signed message once, and refuses what is not signed with the demo's
-secret."""
+"""The demo's alert rule and receiver: the receiver prints each signed message once and refuses what is not signed
+with the demo's secret; the rule is made afresh at each start."""
 
 from __future__ import annotations
 
@@ -7,11 +7,17 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from sqlalchemy import insert, select
+from sqlalchemy.orm import Session, sessionmaker
 
+from app.alerts import outbox
 from app.alerts.channels import send_webhook
-from app.demo.alerts import SECRET, PrintingReceiver, demo_rule
+from app.alerts.tables import alert_incidents, alert_outbox
+from app.db import session_scope
+from app.demo.alerts import SECRET, PrintingReceiver, demo_rule, install_rule
 
 
 @pytest.fixture
@@ -57,3 +63,30 @@ def test_the_demo_rule_reports_idle_gpus_to_a_signed_webhook() -> None:
     rule = demo_rule("http://127.0.0.1:9/hook")
     assert rule.condition == "gpu_idle" and rule.route.target is not None
     assert rule.route.target.channel == "webhook" and rule.route.target.secret == SECRET
+
+
+def test_a_demo_started_again_tells_its_story_again(sessions: sessionmaker[Session]) -> None:
+    now = datetime.now(UTC)
+    with session_scope(sessions) as s:
+        first = install_rule(s, "http://127.0.0.1:9/first", now=now)
+        incident = s.execute(
+            insert(alert_incidents)
+            .values(rule_id=first.id, subject="gpu:GPU-1", since=now - timedelta(hours=5))
+            .returning(alert_incidents.c.id)
+        ).scalar_one()
+        outbox.enqueue(
+            s,
+            message_id=uuid.uuid4(),
+            incident_id=incident,
+            kind="open",
+            channel="webhook",
+            target="http://127.0.0.1:9/first",
+            secret=SECRET,
+            payload={"text": "idle"},
+        )
+    with session_scope(sessions) as s:
+        again = install_rule(s, "http://127.0.0.1:9/second", now=now)
+    with session_scope(sessions) as s:
+        assert again.route.target is not None and again.route.target.url == "http://127.0.0.1:9/second"
+        assert s.execute(select(alert_incidents)).all() == []
+        assert s.execute(select(alert_outbox)).all() == []
