@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 from datetime import datetime
+from functools import lru_cache
 from ipaddress import ip_address
 
 from ..settings import Settings
@@ -15,6 +16,12 @@ SNOOZE_PATH = "/alerts/snooze/"
 WILDCARDS = ("", "0.0.0.0", "::")
 
 
+@lru_cache(maxsize=1)
+def _machine_name() -> str:
+    # A name lookup per message would cost a DNS round trip each: the machine's name does not change while it runs.
+    return socket.getfqdn()
+
+
 def base_url(settings: Settings) -> str:
     """`https://gpufleet.example.com` (no trailing slash): GPUFLEET_PUBLIC_URL, else `http://<host>:<port>` of
     `serve`. A wildcard address (0.0.0.0, ::) is no place to send a browser to: the machine's name stands in."""
@@ -22,7 +29,7 @@ def base_url(settings: Settings) -> str:
         return settings.public_url.rstrip("/")
     host = settings.host.strip().strip("[]")
     if host in WILDCARDS:
-        host = socket.getfqdn()
+        host = _machine_name()
     try:
         if ip_address(host).version == 6:
             host = f"[{host}]"
