@@ -5,11 +5,8 @@ message id."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 import threading
-import time
 import uuid
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -26,7 +23,8 @@ from app.alerts.tables import alert_incidents, alert_outbox
 from app.db import make_engine, make_sessionmaker, session_scope
 from app.models import Instance
 from app.settings import Settings
-from tests.app.alerts.receivers import HttpReceiver, Inbox, free_port
+from tests.app.alerts.jobs import run_beside_outage
+from tests.app.alerts.receivers import HttpReceiver, Inbox
 from tests.factories import gpu
 from tests.feeding import G5_PER_GPU_HOUR, P4D_PER_GPU_HOUR, Feeder, busy, holders_story, idle
 
@@ -433,24 +431,9 @@ def test_the_digest_job_queues_and_outlives_a_database_outage(
     sessions = make_sessionmaker(engine)
     _rule(sessions, "a", _hook())
     now_hour = _settings(settings, 0)  # due all day
-    down = make_engine(f"postgresql://postgres@127.0.0.1:{free_port()}/gone", pool_size=1)
-
-    async def run() -> None:
-        jobs = [digest_job(engine, now_hour, check_s=0.05), digest_job(down, now_hour, check_s=0.05)]
-        deadline = time.monotonic() + 20
-        while not _digests(sessions) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.5)  # more rounds of both
-        assert not any(job.done() for job in jobs)
-        for job in jobs:
-            job.cancel()
-        await asyncio.gather(*jobs, return_exceptions=True)
-
-    try:
-        with caplog.at_level(logging.INFO, logger="gpufleet.alerts"):
-            asyncio.run(run())
-    finally:
-        down.dispose()
+    run_beside_outage(
+        lambda e: digest_job(e, now_hour, check_s=0.05), engine, lambda: bool(_digests(sessions)), caplog, timeout_s=20
+    )
     (row,) = _digests(sessions)
     assert row.message_id == _digest_id("webhook", HOOK, datetime.now(UTC).date())
     failures = [r for r in caplog.records if "alert digests failed" in r.getMessage()]

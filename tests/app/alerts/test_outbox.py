@@ -4,8 +4,6 @@ crash between send and record resending with the same message id."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import random
 import threading
 import time
@@ -34,7 +32,8 @@ from app.alerts.outbox import (
 from app.alerts.tables import alert_outbox
 from app.db import make_engine, make_sessionmaker, session_scope
 from app.settings import Settings
-from tests.app.alerts.receivers import HttpReceiver, SmtpServer, closed_url, free_port
+from tests.app.alerts.jobs import run_beside_outage
+from tests.app.alerts.receivers import HttpReceiver, SmtpServer, closed_url
 
 T0 = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 
@@ -322,23 +321,9 @@ def test_the_sender_job_delivers_and_a_database_outage_is_logged_once(
 ) -> None:
     (mid,) = _queue(make_sessionmaker(engine), receiver.url("/hook"), due_at=datetime.now(UTC) - timedelta(seconds=1))
     fast = settings.model_copy(update={"alerts_send_s": 0.05})
-    down = make_engine(f"postgresql://postgres@127.0.0.1:{free_port()}/gone", pool_size=1)
-
-    async def run() -> None:
-        jobs = [sender_job(engine, fast), sender_job(down, fast)]
-        deadline = time.monotonic() + 10
-        while not receiver.delivered_ids() and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.5)  # several more rounds of both
-        for job in jobs:
-            job.cancel()
-        await asyncio.gather(*jobs, return_exceptions=True)
-
-    try:
-        with caplog.at_level(logging.INFO, logger="gpufleet.alerts"):
-            asyncio.run(run())
-    finally:
-        down.dispose()
+    run_beside_outage(
+        lambda e: sender_job(e, fast), engine, lambda: bool(receiver.delivered_ids()), caplog, timeout_s=10
+    )
     assert receiver.delivered_ids() == [str(mid)]
     outages = [r for r in caplog.records if "the outbox failed" in r.getMessage()]
     assert len(outages) == 1 and "database" in outages[0].getMessage()

@@ -5,8 +5,6 @@ processes run at once."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import threading
 import time
 from collections import deque
@@ -33,7 +31,7 @@ from app.billing.spot import ClientFactory, ec2_clients
 from app.db import make_engine, make_sessionmaker, session_scope
 from app.models import Instance
 from app.settings import Settings
-from tests.app.alerts.receivers import free_port
+from tests.app.alerts.jobs import run_beside_outage
 from tests.aws_server import AwsServer
 
 T0 = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
@@ -719,23 +717,7 @@ def test_the_action_job_stops_what_is_due_and_outlives_a_database_outage(
     add_instance(sessions, instance_id)
     plan(sessions, rule, finding(instance_id), now=datetime.now(UTC) - GRACE - timedelta(seconds=1))
     fast = settings.model_copy(update={"alerts_check_s": 0.05})
-    down = make_engine(f"postgresql://postgres@127.0.0.1:{free_port()}/gone", pool_size=1)
-
-    async def run() -> None:
-        jobs = [action_job(engine, fast), action_job(down, fast)]
-        deadline = time.monotonic() + 15
-        while only_action(engine).status == "pending" and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.5)  # several more rounds of both
-        for job in jobs:
-            job.cancel()
-        await asyncio.gather(*jobs, return_exceptions=True)
-
-    try:
-        with caplog.at_level(logging.INFO, logger="gpufleet.alerts"):
-            asyncio.run(run())
-    finally:
-        down.dispose()
+    run_beside_outage(lambda e: action_job(e, fast), engine, lambda: only_action(engine).status != "pending", caplog)
     assert only_action(engine).status == "done"
     assert ec2.state(instance_id) == "stopped"
     assert len(ec2.stops()) == 1
