@@ -19,7 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from . import __version__
 from .alerts.api import router as alerts_router
 from .alerts.digest import digest_job
-from .alerts.evaluate import evaluation_job
+from .alerts.evaluate import evaluation_job, server_finder
 from .alerts.outbox import sender_job
 from .alerts.stop import action_job
 from .auth import SECURITY_SCHEMES
@@ -122,7 +122,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         ]
         if settings.alerts == "on":
             tasks += [
-                evaluation_job(engine, settings),
+                evaluation_job(engine, settings, finder=server_finder(pricer, app.state.gpufleet.fleet_rows)),
                 sender_job(engine, settings),
                 action_job(engine, settings),
                 digest_job(engine, settings),

@@ -20,7 +20,9 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from ..analyse.fleet import DeviceRowsCache
 from ..db import make_sessionmaker, session_scope
+from ..pricing.resolve import Pricer
 from ..settings import Settings
 from . import findings, incidents
 from .failures import FailureLog
@@ -42,6 +44,17 @@ def snapshot_finder(session: Session, settings: Settings, now: datetime) -> Find
     """The real finder: one snapshot of the analysis (app/alerts/findings.py), shared by every rule."""
     snapshot = findings.load_snapshot(session, settings, now=now)
     return lambda rule: findings.find(snapshot, rule)
+
+
+def server_finder(pricer: Pricer, rows_cache: DeviceRowsCache) -> Finder:
+    """`snapshot_finder` with the server's pricer and device-row cache (app/state.py), so a round neither reads the
+    price file again nor keeps a second copy of the device rows."""
+
+    def finder(session: Session, settings: Settings, now: datetime) -> Find:
+        snapshot = findings.load_snapshot(session, settings, now=now, pricer=pricer, rows_cache=rows_cache)
+        return lambda rule: findings.find(snapshot, rule)
+
+    return finder
 
 
 @dataclass

@@ -248,7 +248,9 @@ def _ask_ec2(client: Any, instance_id: str, region: str, stop: Stop, dry_run: bo
     instance = _state_of(client.describe_instances(InstanceIds=[instance_id]), instance_id)
     if instance is None:
         return _fails(f"EC2 does not know {where}", dry_run)
-    # EC2's word on the kind of instance wins over what the agent reported when the stop was planned.
+    # EC2's word on the kind of instance wins over what the agent reported when the stop was planned. The values
+    # of InstanceLifecycle ("spot", "scheduled", "capacity-block"; absent for on-demand): EC2 API Reference,
+    # https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_Instance.html
     lifecycle = instance.get("InstanceLifecycle")
     if lifecycle == "spot" and not stop.spot:
         return Outcome("cancelled", f"EC2 says {instance_id} is a spot instance, and the rule's stop.spot is false")

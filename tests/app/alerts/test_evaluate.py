@@ -17,12 +17,15 @@ from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.alerts import evaluate as evaluate_module
-from app.alerts.evaluate import Evaluation, Find, evaluate, evaluate_once, evaluation_job
+from app.alerts.evaluate import Evaluation, Find, evaluate, evaluate_once, evaluation_job, server_finder
 from app.alerts.findings import Finding
 from app.alerts.rules import Route, Rule, Scope, create_rule, set_enabled
 from app.alerts.rules import Target as Fixed
 from app.alerts.tables import alert_incidents, alert_outbox
+from app.analyse.fleet import DeviceRowsCache
 from app.db import session_scope
+from app.pricing import PriceConfig, TypePrice
+from app.pricing.resolve import Pricer
 from app.settings import Settings
 from tests.factories import gpu
 from tests.feeding import G5_PER_GPU_HOUR, Feeder, idle
@@ -221,6 +224,27 @@ def test_an_idle_gpu_fed_through_ingest_becomes_one_incident_and_one_message(
     assert body["usd_per_day"] == pytest.approx(24 * G5_PER_GPU_HOUR, abs=0.01)
     assert "forgotten-g5 (i-0f00000000000000d)" in body["text"] and "$3.02 so far" in body["text"]
     assert body["dashboard_url"] == "https://gpufleet.example.com/instances/i-0f00000000000000d"
+
+
+def test_the_server_finder_prices_with_the_servers_pricer(
+    feeder: Feeder, sessions: sessionmaker[Session], alert_settings: Settings
+) -> None:
+    start = feeder.t0
+    feeder.feed(
+        [gpu(0, uid="GPU-g5", name="NVIDIA A10G")],
+        start=start,
+        hours=3,
+        fn=idle,
+        instance_id="i-0f00000000000000d",
+        instance_type="g5.xlarge",
+    )
+    _rule(sessions, "forgotten-gpus", for_hours=2)
+    # The server read its price file at start: $2 an hour for a g5.xlarge, where the catalog says about $1.
+    pricer = Pricer(PriceConfig(instance_types={"g5.xlarge": TypePrice(usd_per_hour=2.0)}))
+    with session_scope(sessions) as s:
+        evaluate(s, alert_settings, now=start + timedelta(hours=3), finder=server_finder(pricer, DeviceRowsCache()))
+    (msg,) = _rows(sessions)[1]
+    assert msg.payload["usd_per_day"] == pytest.approx(48.0)
 
 
 def evaluate_once_at(sessions: sessionmaker[Session], settings: Settings, now: datetime) -> Evaluation:

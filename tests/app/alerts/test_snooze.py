@@ -9,47 +9,26 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import func, insert, select, text
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.alerts import rules, snooze
-from app.alerts.schemas import RuleIn, to_rule
+from app.alerts import snooze
 from app.alerts.tables import alert_actions, alert_incidents, alert_signing_key, alert_snoozes
 from app.db import session_scope
 from app.settings import Settings
+from tests.app.alerts.made import HOUR
+from tests.app.alerts.made import make_incident as made_incident
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 
 
 def make_incident(sessions: sessionmaker[Session], *, closed: bool = False, stop_pending: bool = False) -> int:
-    with session_scope(sessions) as s:
-        rule = rules.get_rule(s, "idle-gpus")
-        if rule is None:
-            data = {"name": "idle-gpus", "condition": "gpu_idle", "for": "2h", "route": {"email": ["a@example.com"]}}
-            rule = rules.create_rule(s, to_rule(RuleIn.model_validate(data), source="api"), by="test", now=NOW)
-        incident = s.execute(
-            insert(alert_incidents)
-            .values(
-                rule_id=rule.id,
-                subject=f"gpu:GPU-{datetime.now(UTC).timestamp()}",
-                since=NOW - timedelta(hours=5),
-                closed_at=NOW - timedelta(minutes=1) if closed else None,
-            )
-            .returning(alert_incidents.c.id)
-        ).scalar_one()
-        if stop_pending:
-            s.execute(
-                insert(alert_actions).values(
-                    rule_id=rule.id,
-                    incident_id=incident,
-                    instance_id="i-0abc",
-                    dry_run=False,
-                    status="pending",
-                    due_at=NOW + timedelta(hours=1),
-                    by="rule idle-gpus",
-                )
-            )
-    return int(incident)
+    return made_incident(
+        sessions,
+        since=NOW - 5 * HOUR,
+        closed_at=NOW - timedelta(minutes=1) if closed else None,
+        stop_due=NOW + HOUR if stop_pending else None,
+    )
 
 
 def snoozes(sessions: sessionmaker[Session], incident: int) -> list[Any]:

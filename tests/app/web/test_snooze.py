@@ -13,11 +13,10 @@ import httpx2
 import pytest
 from bs4 import BeautifulSoup
 from fastapi.testclient import TestClient
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.alerts import rules, snooze
-from app.alerts.schemas import RuleIn, to_rule
+from app.alerts import snooze
 from app.alerts.tables import alert_actions, alert_incidents, alert_signing_key, alert_snoozes
 from app.db import session_scope
 from app.main import create_app
@@ -25,6 +24,8 @@ from app.models import ApiToken
 from app.sessions import SESSION_COOKIE, open_session
 from app.settings import Settings
 from app.web.snooze import CSRF_COOKIE
+from tests.app.alerts.made import HOUR
+from tests.app.alerts.made import make_incident as made_incident
 from tests.conftest import make_token
 
 DETAILS = {
@@ -54,35 +55,13 @@ def _no_cookies(web: TestClient) -> Iterator[None]:
 
 def make_incident(sessions: sessionmaker[Session], *, closed: bool = False, stop_pending: bool = False) -> int:
     now = datetime.now(UTC)
-    with session_scope(sessions) as s:
-        rule = rules.get_rule(s, "idle-gpus")
-        if rule is None:
-            data = {"name": "idle-gpus", "condition": "gpu_idle", "for": "2h", "route": {"email": ["a@example.com"]}}
-            rule = rules.create_rule(s, to_rule(RuleIn.model_validate(data), source="api"), by="test", now=now)
-        incident = s.execute(
-            insert(alert_incidents)
-            .values(
-                rule_id=rule.id,
-                subject=f"gpu:GPU-{now.timestamp()}",
-                since=datetime(2026, 11, 25, 4, 0, tzinfo=UTC),
-                closed_at=now if closed else None,
-                details=DETAILS,
-            )
-            .returning(alert_incidents.c.id)
-        ).scalar_one()
-        if stop_pending:
-            s.execute(
-                insert(alert_actions).values(
-                    rule_id=rule.id,
-                    incident_id=incident,
-                    instance_id="i-0abc",
-                    dry_run=False,
-                    status="pending",
-                    due_at=now + timedelta(hours=1),
-                    by="rule idle-gpus",
-                )
-            )
-    return int(incident)
+    return made_incident(
+        sessions,
+        since=datetime(2026, 11, 25, 4, 0, tzinfo=UTC),
+        closed_at=now if closed else None,
+        details=DETAILS,
+        stop_due=now + HOUR if stop_pending else None,
+    )
 
 
 def link(sessions: sessionmaker[Session], settings: Settings, incident: int, *, sent: datetime | None = None) -> str:
