@@ -27,6 +27,8 @@ NEEDS_FOR = ("gpu_idle", "slice_underused", "mig_unpartitioned", "agent_offline"
 """Conditions that must hold `for` a while before an incident opens."""
 MAY_STOP = NEEDS_FOR
 """Conditions about one instance, which the stop action may act on."""
+HELD = ("gpu_idle", "slice_underused", "agent_offline", "spot_interruption")
+"""Conditions about a GPU, a slice or an instance, which processes hold: those whose scope may name users."""
 FILE = "file"
 
 # The rule --------------------------------------------------------------------------------------------------------

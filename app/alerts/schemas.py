@@ -26,7 +26,7 @@ from pydantic import (
 from ..analyse.window import LIFECYCLES
 from ..errors import ApiError, FieldProblem
 from .fields import DURATION_HELP, check_email, check_url, parse_duration_s
-from .rules import MAY_STOP, NEEDS_FOR, Route, Rule, Scope, Stop, Target
+from .rules import HELD, MAY_STOP, NEEDS_FOR, Route, Rule, Scope, Stop, Target
 from .tables import CONDITIONS
 
 NAME_PATTERN = r"^[A-Za-z0-9_-](?:[A-Za-z0-9_ -]{0,98}[A-Za-z0-9_-])?$"
@@ -293,7 +293,12 @@ def _route(data: RouteIn, keep: Route | None) -> Route:
 
 def to_rule(data: RuleIn, *, source: str, keep: Rule | None = None) -> Rule:
     """The rule a checked request describes. `keep`: the rule it replaces, whose webhook secret stays when the
-    request leaves it out for the same URL. ApiError 400 naming the field when a secret is missing."""
+    request leaves it out for the same URL. ApiError 400 naming the field when a secret is missing, or when the scope
+    names users for a condition no process holds."""
+    if data.scope.users and data.condition not in HELD:
+        # Such a rule would never fire: nothing a process holds is its subject.
+        message = f"{data.condition} is about what no process holds; users only scope {', '.join(HELD)}"
+        raise ApiError(400, BAD_RULE, [FieldProblem("scope.users", message)])
     stop = data.stop
     return Rule(
         name=data.name,

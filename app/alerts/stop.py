@@ -47,6 +47,9 @@ EVERY_S = 30.0
 this long after its grace period ends."""
 RETRY_S = 60.0
 """Wait before asking EC2 again after throttling, a 5xx answer or an unreachable endpoint, s."""
+GIVE_UP_S = 24 * 3600.0
+"""How long after it first fell due a stop is still asked again, s; then it is `failed` with the last reason: a
+stop a day late surprises whoever reads its notice."""
 BATCH = 20
 """Most actions taken per round; the rest wait for the next."""
 ATTEMPTS = 2
@@ -184,12 +187,14 @@ class _Due:
     instance_id: str
     dry_run: bool
     by: str
+    created_at: datetime
+    """When it was planned: its notice's time."""
 
 
 def _claim(session: Session, now: datetime) -> _Due | None:
     a = alert_actions.c
     row = session.execute(
-        select(a.id, a.rule_id, a.incident_id, a.instance_id, a.dry_run, a.by)
+        select(a.id, a.rule_id, a.incident_id, a.instance_id, a.dry_run, a.by, a.created_at)
         .where(a.status == "pending", a.action == ACTION, a.due_at <= now)
         .order_by(a.due_at, a.id)
         .limit(1)
@@ -314,12 +319,16 @@ def _act(session: Session, row: _Due, now: datetime, clients: ClientFactory) -> 
     if region is None:
         return _fails(f"no region known for {row.instance_id}: its agent reported neither region nor zone", dry_run)
     try:
-        return _ask_ec2(clients(region), row.instance_id, region, stop, dry_run, now)
+        outcome = _ask_ec2(clients(region), row.instance_id, region, stop, dry_run, now)
     except (BotoCoreError, ClientError) as exc:
-        return _error(exc, dry_run, now)
+        outcome = _error(exc, dry_run, now)
     except Exception as exc:  # a surprise in one action must not stop the others, nor be lost
         log.exception("stop action %s on %s failed unexpectedly", row.id, row.instance_id)
-        return _error(exc, dry_run, now)
+        outcome = _error(exc, dry_run, now)
+    first_due = row.created_at + timedelta(seconds=stop.grace_s)
+    if outcome.retry_at is not None and outcome.retry_at > first_due + timedelta(seconds=GIVE_UP_S):
+        return _fails(f"still not done {GIVE_UP_S / 3600:g} h after it was due: {outcome.detail}", dry_run)
+    return outcome
 
 
 def _record(session: Session, row: _Due, outcome: Outcome, now: datetime) -> None:

@@ -123,6 +123,12 @@ def test_a_good_rule() -> None:
         ({"scope": {"lifecycles": ["reserved"]}}, "scope.lifecycles[0]", "on-demand"),
         ({"scope": {"regions": [" "]}}, "scope.regions[0]", "at least 1"),
         ({"scope": {"teams": ["a"]}}, "scope.teams", "unknown field"),
+        (
+            {"condition": "tag_waste", "for": None, "tag": "team", "usd_per_day": 5, "scope": {"users": ["asmith"]}},
+            "scope.users",
+            "no process holds",
+        ),
+        ({"condition": "mig_unpartitioned", "scope": {"users": ["asmith"]}}, "scope.users", "no process holds"),
         ({"stop": {"grace": "2x"}}, "stop.grace", "not a duration"),
         ({"stop": {"dry_run": "no"}}, "stop.dry_run", "boolean"),
         ({"colour": "red"}, "colour", "unknown field"),
@@ -155,6 +161,14 @@ def test_each_problem_names_its_field(changes: dict[str, Any], field: str, says:
     found = problems(body(**changes))
     assert field in found, found
     assert says in found[field], found
+
+
+@pytest.mark.parametrize("condition", ["gpu_idle", "slice_underused", "agent_offline", "spot_interruption"])
+def test_users_scope_what_processes_hold(condition: str) -> None:
+    data = body(condition=condition, scope={"users": ["asmith"]})
+    if condition == "spot_interruption":
+        data.pop("for")
+    assert check(data).scope.users == ("asmith",)
 
 
 def test_owner_route_with_a_fallback() -> None:

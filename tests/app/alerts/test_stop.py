@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.alerts.findings import Finding
 from app.alerts.rules import Route, Rule, Stop, Target, create_rule
-from app.alerts.stop import RETRY_S, action_job, cancel_pending, plan_stop, run_due
+from app.alerts.stop import GIVE_UP_S, RETRY_S, action_job, cancel_pending, plan_stop, run_due
 from app.alerts.tables import alert_actions, alert_incidents, alert_rules
 from app.billing.spot import ClientFactory, ec2_clients
 from app.db import make_engine, make_sessionmaker, session_scope
@@ -598,6 +598,24 @@ def test_throttling_asks_again_a_minute_later(
     assert ec2.state(instance_id) == "stopped"
     assert only_action(engine).status == "done"
     assert [c.fault for c in ec2.stops()] == ["RequestLimitExceeded", None]
+
+
+def test_a_stop_throttled_for_a_day_after_it_was_due_fails(
+    engine: Engine, sessions: sessionmaker[Session], settings: Settings, ec2: Ec2
+) -> None:
+    instance_id, _ = planned_stop(sessions, ec2, make_rule(sessions))
+    ec2.fail_next("RequestLimitExceeded", "Request limit exceeded.", n=2)
+    last_retry = DUE + timedelta(seconds=GIVE_UP_S - RETRY_S)
+
+    run_due(sessions, settings, now=last_retry, clients=one_try())
+    assert only_action(engine).status == "pending"
+    run_due(sessions, settings, now=last_retry + timedelta(seconds=RETRY_S), clients=one_try())
+
+    row = only_action(engine)
+    assert (row.status, row.done_at) == ("failed", last_retry + timedelta(seconds=RETRY_S))
+    assert row.detail == "still not done 24 h after it was due: RequestLimitExceeded: Request limit exceeded."
+    assert run_due(sessions, settings, now=last_retry + timedelta(hours=1), clients=one_try()).acted == []
+    assert ec2.state(instance_id) == "running"
 
 
 @pytest.mark.parametrize("dry_run", [False, True], ids=["stop", "dry-run"])
