@@ -8,9 +8,8 @@ app/analyse/holders.py, summed in another order: the same rows, faster.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any, NamedTuple
 
@@ -20,7 +19,8 @@ from ..billing.prices import BILLED, SPOT_HISTORY
 from ..db import fetch_binary
 from ..models import UTIL_BOUNDS
 from .figures import Figures
-from .price_classes import FROM_BILL, FROM_SPOT, MIXED, Grid, PriceClasses, class_sql, slot_sql, slots, u16_sql
+from .held_days import HeldHours, Price, held_days
+from .price_classes import FROM_BILL, FROM_SPOT, MIXED, DayKey, Grid, PriceClasses, class_sql, slot_sql, slots
 from .window import DAILY, RollupRead, Window, union_of_reads
 
 MISSING = {
@@ -106,6 +106,14 @@ class HeldValues:
 
 
 _SLOT = slot_sql("islot", "instance_pk", "ilo", "ihi")
+_HELD_ARRAYS = (
+    ("hpk", "int8"),
+    ("hkey", "int4"),
+    ("hlabel", "int4"),
+    ("hcls", "int4"),
+    *((name, "float8") for name in ("hs", "hk", "hu", "hb", "hz")),
+)
+"""The held days' lists (`_held_params`) and their types."""
 """A row's instance's slot in the grid (0: none)."""
 
 
@@ -129,20 +137,16 @@ def _sql(bound: int, shape: tuple[tuple[str, int], ...], priced: bool) -> str:
             )
             cls = class_sql("g", "s", "e", f"r{i}")
             parts.append(f"SELECT instance_pk, key, label, {t} AS t, {cls} AS cls, {signed} FROM ({rows}) x")
-        hour_of_day = "CAST((date_part('epoch', h.hour) - date_part('epoch', mx.day)) / 3600 AS int4)"
-        mixed_class = u16_sql("g", f"mx.o + {hour_of_day}")
+        # The hours of the mixed days, summed per day, value and class (app/analyse/held_days.py), come as arrays.
+        arrays = [f"CAST(string_to_array(:{a}, ',') AS {t}[])" for a, t in _HELD_ARRAYS]
         parts.append(
-            f"SELECT h.instance_pk, h.key, h.label, h.hour AS t, {mixed_class} AS cls, "
-            f"{', '.join('h.' + n for n in names)} FROM mx "
-            "CROSS JOIN LATERAL (SELECT * FROM holder_groups_hourly h WHERE h.grouping = :grouping "
-            "AND h.instance_pk = mx.pk AND h.hour >= mx.day AND h.hour < mx.day + interval '24 hours' OFFSET 0) h"
+            "SELECT instance_pk, (CAST(:hkeys AS text[]))[k] AS key, (CAST(:hlabels AS text[]))[l] AS label, "
+            f"CAST(NULL AS timestamptz) AS t, cls, {', '.join(names)} FROM unnest({', '.join(arrays)}) "
+            f"AS h(instance_pk, k, l, cls, {', '.join(names)})"
         )
         # A daily row of a mixed day (class 0) is left out: that day's hours stand for it.
         rows = f"SELECT * FROM (SELECT * FROM ({' UNION ALL '.join(parts)}) u OFFSET 0) r WHERE cls <> {MIXED}"
-        withs = (
-            "mx AS (SELECT * FROM unnest(CAST(:mpk AS int8[]), CAST(:mday AS timestamptz[]), CAST(:mo AS int4[])) "
-            "AS mx(pk, day, o)), "
-        )
+        withs = ""
         keys = "instance_pk, key, cls"
     else:
         rows = union_of_reads(
@@ -215,16 +219,57 @@ def held_values(
         assert classes is not None
         pks = sorted(classes.runs)
         grid = Grid()
-        params |= classes.params() | classes.read_sections(grid, pks, reads)
+        params |= classes.read_sections(grid, pks, reads)
         params["islot"], params["ilo"], params["ihi"] = slots({pk: i for i, pk in enumerate(pks, start=1)})
-        # The mixed days read whole from the daily table are read hour by hour instead.
+        # The mixed days read whole from the daily table stand for their hours, each at its price.
         days = [(pk, day) for pk, day in classes.mixed if _read_daily(reads, day)]
-        first = classes.day_sections(grid, days)
-        params["mpk"], params["mday"] = [pk for pk, _d in days], [datetime.fromtimestamp(d, UTC) for _pk, d in days]
-        params["mo"], params["g"] = [first[key] for key in days], grid.to_bytes()
+        held = held_days(session, grouping, days, classes, idle_util_pct=idle_util_pct)
+        params |= _held_params(classes, held)
+        params["g"] = grid.to_bytes()
+        params |= classes.params()  # after the held days: their prices are classes of `classes`
     sql = _sql(idle_util_pct, tuple((r.table, r.sign) for r in reads), priced)
     make = ValueSums._make
     return [make(row) for row in fetch_binary(session, sql, params)]
+
+
+def _held_params(classes: PriceClasses, held: Mapping[DayKey, Sequence[HeldHours]]) -> dict[str, Any]:
+    """The held days' sums, summed again per instance, value and price, as the lists the query unnests, each price as
+    its class in `classes`. Numbers go as one text each, values as positions in a list of the distinct ones: a list
+    parameter of thousands of numbers or texts costs the client more to send than the query to read."""
+    sums: dict[tuple[int, str, Price], list[float]] = {}
+    labels: dict[tuple[int, str, Price], str | None] = {}
+    for (pk, _day), hours in held.items():
+        for h in hours:
+            at = (pk, h.key, h.price)
+            found = sums.get(at)
+            if found is None:
+                sums[at] = [h.secs_w, h.known_w, h.usum_w, h.below_w, h.unsized_s]
+                labels[at] = h.label
+                continue
+            for i, v in enumerate((h.secs_w, h.known_w, h.usum_w, h.below_w, h.unsized_s)):
+                found[i] += v
+            if h.label is not None and (labels[at] is None or h.label > str(labels[at])):
+                labels[at] = h.label  # as max(label) in the query
+    keys = {key: n for n, key in enumerate(dict.fromkeys(key for _pk, key, _p in sums), start=1)}
+    names = {name: n for n, name in enumerate(dict.fromkeys(labels.values()), start=1)}
+    columns: list[list[float]] = [[] for _ in range(5)]
+    for values in sums.values():
+        for column, v in zip(columns, values, strict=True):
+            column.append(v)
+    return {
+        "hkeys": list(keys),
+        "hlabels": list(names),
+        "hpk": _joined(pk for pk, _key, _p in sums),
+        "hkey": _joined(keys[key] for _pk, key, _p in sums),
+        "hlabel": _joined(names[labels[at]] for at in sums),
+        "hcls": _joined(classes.class_of(price) for _pk, _key, price in sums),
+        **{name: _joined(column) for name, column in zip(("hs", "hk", "hu", "hb", "hz"), columns, strict=True)},
+    }
+
+
+def _joined(values: Iterable[float]) -> str:
+    """Numbers as `string_to_array` reads them back: repr gives each float's shortest exact text."""
+    return ",".join(map(repr, values))
 
 
 def _read_daily(reads: Sequence[RollupRead], day: int) -> bool:

@@ -150,6 +150,20 @@ class PriceClasses:
         """The class arrays."""
         return {"crate": self.crate, "csrc": self.csrc, "cpay": self.cpay}
 
+    def span_signature(self, start: int, end: int) -> int:
+        """The prices of every instance over [start, end) (epoch seconds) as a signed 64-bit number: two spans with the
+        same one are priced alike. Work in proportion to the runs."""
+        inside = [
+            (pk, [(max(a, start), min(b, end), self.price_of(c)) for a, b, c in runs if a < end and b > start])
+            for pk, runs in sorted(self.runs.items())
+        ]
+        return _hash(repr((start, end, inside)))
+
+    def price_of(self, c: int) -> tuple[float, int, float]:
+        """Class `c`'s price (USD per GPU-second, source code, USD per GPU-second paid offline), as `class_of` takes
+        it."""
+        return (self.crate[c - 1], self.csrc[c - 1], self.cpay[c - 1])
+
     def class_of(self, price: tuple[float, int, float]) -> int:
         c = self._classes.get(price)
         if c is None:
@@ -209,5 +223,9 @@ def price_classes(fleet: Fleet, pieces: Mapping[int, Sequence[PricePiece]]) -> P
 
 def _signature(runs: Sequence[tuple[int, int, tuple[float, int, float]]]) -> int:
     """The prices of one instance-day as a signed 64-bit number: two days with the same one are priced alike."""
-    digest = hashlib.blake2b(repr(runs).encode(), digest_size=8).digest()
+    return _hash(repr(runs))
+
+
+def _hash(text: str) -> int:
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)

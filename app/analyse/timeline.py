@@ -24,7 +24,7 @@ which differs in pricing only where it keeps an instance whose GPU changed MIG m
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -37,6 +37,7 @@ from .device_series import (
     DAILY,
     SUMS,
     TIMELINE_SQL,
+    Read,
     Span,
     check_bound,
     device_arrays,
@@ -46,9 +47,11 @@ from .device_series import (
 )
 from .fleet import Fleet
 from .instance_series import instance_params, instance_rows, timeline_sql, totals_sql
+from .kept_reads import kept_fetch, split_reads
 from .series_prices import PaidSpan, load_pieces, paid_spans, series_prices, spread
 from .states import ACTIVE, IDLE, IDLE_HELD, OFFLINE, UNKNOWN, UNPARTITIONED, Thresholds
-from .window import DAY, HOUR, Window, floor_day, floor_hour
+from .window import DAY, HOUR, RollupRead, Window, floor_day, floor_hour
+from .window import HOURLY as ROLLUP_HOURLY
 
 HOURLY_UP_TO = timedelta(days=7)
 FILTER_INSTANCES_UP_TO = 100
@@ -159,6 +162,27 @@ class Timeline:
         return out
 
 
+def _split(rs: Sequence[Read], today: datetime) -> tuple[list[Read], list[Read]]:
+    """The timeline's reads cut at `today` (a UTC midnight): those before it, and those from it on. Only a daily or
+    an hourly read can cross a midnight; a partial day's hours lie within one day."""
+    before: list[Read] = []
+    after: list[Read] = []
+    for kind, a, b in rs:
+        if b <= today:
+            before.append((kind, a, b))
+        elif a >= today:
+            after.append((kind, a, b))
+        else:
+            before.append((kind, a, today))
+            after.append((kind, today, b))
+    return before, after
+
+
+def _rollup_reads(rs: Sequence[Read]) -> list[RollupRead]:
+    """The rollup rows the reads cover (a partial day's are hourly rows)."""
+    return [RollupRead(DAILY if kind == DAILY else ROLLUP_HOURLY, a, b, 1) for kind, a, b in rs]
+
+
 def _bucket_starts(start: datetime, end: datetime, step: timedelta) -> list[datetime]:
     t = floor_day(start) if step == DAY else start
     out = []
@@ -215,11 +239,22 @@ def timeline(
     if whole is not None:
         # Rows of whole instances: the per-instance rollups.
         params, spans = instance_params(fleet, whole, start=start, end=end, now=now)
+        rows = []
         if params["pk"] and starts:
-            sql = timeline_sql(bound, kinds, len(params["pk"]) <= FILTER_INSTANCES_UP_TO, prices.priced)
-            rows = fetch_binary(session, sql, params | read_params(rs) | prices.params())
-        else:
-            rows = []
+            filtered = len(params["pk"]) <= FILTER_INSTANCES_UP_TO
+            before, after = _split(rs, floor_day(now))
+            for part in (before, after):
+                if not part:
+                    continue
+                daily_part = [(a, b) for kind, a, b in part if kind == DAILY]
+                priced = series_prices(fleet, pieces, pks, start=part[0][1], end=part[-1][2], daily=daily_part)
+                sql = timeline_sql(bound, tuple(r[0] for r in part), filtered, priced.priced)
+                binds = params | read_params(part) | priced.params()
+                if part is after:
+                    rows += fetch_binary(session, sql, binds)
+                else:  # the days before today: kept while their rows stay as they are
+                    ids = params["pk"] if filtered else None
+                    rows += kept_fetch(session, sql, binds, rows="instance", reads=_rollup_reads(part), ids=ids)
     else:
         params, spans = device_arrays(fleet, start=start, end=end, now=now, row_of=row_index)
         if params["ids"] and starts:
@@ -281,13 +316,28 @@ def row_totals(
     for r, a, b, usd_per_s in paid:
         paid_usd[r] = paid_usd.get(r, 0.0) + (b - a).total_seconds() * usd_per_s
     found: dict[int, BucketFigures] = {}
-    if params["pk"] and window_reads:
-        binds: dict[str, Any] = dict(params) | prices.params()
-        for n, read in enumerate(window_reads):
+    before, after = split_reads(window_reads, floor_day(window.now)) if params["pk"] else ([], [])
+    for part in (before, after):
+        if not part:
+            continue
+        daily_part = [(read.start, read.end) for read in part if read.table == DAILY]
+        priced = series_prices(
+            fleet, pieces, rows.keys(), start=min(r.start for r in part), end=max(r.end for r in part), daily=daily_part
+        )
+        binds: dict[str, Any] = dict(params) | priced.params()
+        for n, read in enumerate(part):
             binds[f"t{n}a"], binds[f"t{n}b"] = read.start, read.end
-        sql = totals_sql(bound, tuple((read.table, read.sign) for read in window_reads), prices.priced)
-        for r, *values, covered_usd in fetch_binary(session, sql, binds):
-            found[r] = BucketFigures(*values)
+        sql = totals_sql(bound, tuple((read.table, read.sign) for read in part), priced.priced)
+        if part is after:
+            got = fetch_binary(session, sql, binds)
+        else:  # the days before today: kept while their rows stay as they are
+            got = kept_fetch(session, sql, binds, rows="instance", reads=part)
+        for r, *values, covered_usd in got:
+            figures = BucketFigures(*values)
+            if r in found:
+                found[r].add(figures)
+            else:
+                found[r] = figures
             paid_usd[r] = paid_usd.get(r, 0.0) - covered_usd
     out = {}
     for r, seconds in expected_s.items():

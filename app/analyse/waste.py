@@ -14,12 +14,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ..models import Event
-from .device_money import DeviceMoney, usage_and_money
+from .device_money import DeviceMoney
 from .figures import HOURS_PER_MONTH, Figures, Unit
 from .fleet import Fleet
 from .grouping import GroupRow, by_value, group_rows, instance_group, per_instance, summarise
 from .holder_groups import HeldValues, held_values
 from .holders import Part, held_usage, holder_columns, split_units
+from .kept_reads import kept_usage_and_money
 from .price_classes import price_classes
 from .priced import billed_until, pieces_in_use, priced_devices, priced_units
 from .series_prices import load_pieces
@@ -103,8 +104,14 @@ def analyse_waste(
     money: dict[int, DeviceMoney] = {}
     if classes.priced:
         # Usage and money from one read of the rows.
-        usage, money = usage_and_money(
-            session, priced_devices(fleet, pieces), classes, window.rollup_reads(), idle_util_pct=bound, device_ids=ids
+        usage, money = kept_usage_and_money(
+            session,
+            priced_devices(fleet, pieces),
+            classes,
+            window.rollup_reads(),
+            idle_util_pct=bound,
+            device_ids=ids,
+            now=window.now,
         )
     else:
         usage = window_usage(session, window, idle_util_pct=bound, device_ids=ids)
