@@ -18,6 +18,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from functools import lru_cache
+from operator import add
 from typing import Any, NamedTuple
 
 from sqlalchemy.orm import Session
@@ -61,7 +62,8 @@ ZERO = DeviceMoney(*([0.0] * len(DeviceMoney._fields)))
 
 
 def plus(a: Sequence[float], b: Sequence[float]) -> DeviceMoney:
-    return DeviceMoney(*[x + y for x, y in zip(a, b, strict=True)])
+    """Two sums added field by field (the same length: DeviceMoney's)."""
+    return DeviceMoney._make(map(add, a, b))
 
 
 Fingerprint = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]

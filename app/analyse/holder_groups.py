@@ -20,8 +20,9 @@ from ..db import fetch_binary
 from ..models import UTIL_BOUNDS
 from .figures import Figures
 from .held_days import HeldHours, Price, held_days
+from .kept_reads import KEPT, params_key, rows_version, split_reads
 from .price_classes import FROM_BILL, FROM_SPOT, MIXED, DayKey, Grid, PriceClasses, class_sql, slot_sql, slots
-from .window import DAILY, RollupRead, Window, union_of_reads
+from .window import DAILY, RollupRead, Window, floor_day, union_of_reads
 
 MISSING = {
     "user": "(unknown user)",
@@ -201,17 +202,51 @@ def held_values(
 ) -> list[ValueSums]:
     """What each value of `grouping` held over the window, per group of `instances`: (row id, USD per GPU-hour or
     None, group key, kind of that price) each; instances not listed are left out. Money is at each instance's price,
-    or hour by hour at the price pieces' (`classes`, app/analyse/device_money.py)."""
+    or hour by hour at the price pieces' (`classes`, app/analyse/device_money.py). What the days before today sum to
+    is kept while their rows and prices stay the same (app/analyse/kept_reads.py)."""
     reads = window.rollup_reads()
     if not reads or not instances:
         return []
-    params: dict[str, Any] = {
+    base: dict[str, Any] = {
         "grouping": grouping,
         "pks": [i[0] for i in instances],
         "rates": [i[1] for i in instances],
         "groups": [i[2] for i in instances],
         "kinds": [i[3] for i in instances],
     }
+    before, after = split_reads(reads, floor_day(window.now))
+    found: list[ValueSums] = []
+    if before:
+        priced = classes is not None and classes.priced
+        span = int(min(r.start for r in before).timestamp()), int(max(r.end for r in before).timestamp())
+        key = (
+            "held values",
+            str(session.get_bind().engine.url),
+            idle_util_pct,
+            tuple(before),
+            params_key(base),
+            classes.span_signature(*span) if priced and classes is not None else None,
+            rows_version(session, "holder", before, grouping=grouping),
+        )
+        kept: list[ValueSums] | None = KEPT.get(key)
+        if kept is None:
+            kept = _held(session, before, base, classes, idle_util_pct)
+            KEPT.put(key, kept)
+        found += kept
+    if after:
+        found += _held(session, after, base, classes, idle_util_pct)
+    return _merged(found) if before and after else found
+
+
+def _held(
+    session: Session,
+    reads: Sequence[RollupRead],
+    base: Mapping[str, Any],
+    classes: PriceClasses | None,
+    bound: int,
+) -> list[ValueSums]:
+    """`held_values` over `reads`, in one query."""
+    params = dict(base)
     for i, r in enumerate(reads):
         params[f"t{i}a"], params[f"t{i}b"] = r.start, r.end
     priced = classes is not None and classes.priced
@@ -223,13 +258,27 @@ def held_values(
         params["islot"], params["ilo"], params["ihi"] = slots({pk: i for i, pk in enumerate(pks, start=1)})
         # The mixed days read whole from the daily table stand for their hours, each at its price.
         days = [(pk, day) for pk, day in classes.mixed if _read_daily(reads, day)]
-        held = held_days(session, grouping, days, classes, idle_util_pct=idle_util_pct)
+        held = held_days(session, str(base["grouping"]), days, classes, idle_util_pct=bound)
         params |= _held_params(classes, held)
         params["g"] = grid.to_bytes()
         params |= classes.params()  # after the held days: their prices are classes of `classes`
-    sql = _sql(idle_util_pct, tuple((r.table, r.sign) for r in reads), priced)
+    sql = _sql(bound, tuple((r.table, r.sign) for r in reads), priced)
     make = ValueSums._make
     return [make(row) for row in fetch_binary(session, sql, params)]
+
+
+def _merged(found: Sequence[ValueSums]) -> list[ValueSums]:
+    """The sums of the same group and value added up (the days before today and today, read apart)."""
+    out: dict[tuple[str, str], ValueSums] = {}
+    for v in found:
+        was = out.get((v.group, v.key))
+        if was is None:
+            out[v.group, v.key] = v
+            continue
+        labels = [x for x in (was.label, v.label) if x is not None]
+        sums = [a + b for a, b in zip(was[3:], v[3:], strict=True)]
+        out[v.group, v.key] = ValueSums(v.group, v.key, max(labels) if labels else None, *sums)
+    return list(out.values())
 
 
 def _held_params(classes: PriceClasses, held: Mapping[DayKey, Sequence[HeldHours]]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
+from operator import add
 from typing import Any
 
 from sqlalchemy import text
@@ -29,6 +30,7 @@ from .window import DAILY, RollupRead, floor_day
 _TABLES = {
     "device": ("rollups_daily", "rollups_hourly"),
     "instance": ("instance_rollups_daily", "instance_rollups_hourly"),
+    "holder": ("holder_groups_daily", "holder_groups_hourly"),
 }
 """The daily and hourly rollup tables of each kind of row."""
 
@@ -78,9 +80,10 @@ def split_reads(reads: Sequence[RollupRead], today: datetime) -> tuple[list[Roll
 
 
 @lru_cache(maxsize=64)
-def _version_sql(rows: str, tables: tuple[str, ...], key: str | None) -> str:
+def _version_sql(rows: str, tables: tuple[str, ...], key: str | None, grouped: bool) -> str:
     daily, hourly = _TABLES[rows]
     only = f" AND {key} = ANY(CAST(:ids AS int8[]))" if key else ""
+    only += " AND grouping = :grouping" if grouped else ""
     parts = []
     for i, table in enumerate(tables):
         name, t = (daily, "day") if table == DAILY else (hourly, "hour")
@@ -89,16 +92,24 @@ def _version_sql(rows: str, tables: tuple[str, ...], key: str | None) -> str:
 
 
 def rows_version(
-    session: Session, rows: str, reads: Sequence[RollupRead], *, ids: Sequence[int] | None = None
+    session: Session,
+    rows: str,
+    reads: Sequence[RollupRead],
+    *,
+    ids: Sequence[int] | None = None,
+    grouping: str | None = None,
 ) -> tuple[int, int]:
     """How many rows `reads` cover, and the sum of their row versions: a write to any of them, a row added or one
-    taken away changes it. `rows`: "device" (app/models.py rollups) or "instance" (app/store/instance_rollups.py);
-    `ids`: only these devices or instances."""
+    taken away changes it. `rows`: "device" (app/models.py rollups), "instance" (app/store/instance_rollups.py) or
+    "holder" (app/store/holder_groups.py, of one `grouping`); `ids`: only these devices or instances."""
     key = None if ids is None else ("device_id" if rows == "device" else "instance_pk")
     params: dict[str, Any] = {} if ids is None else {"ids": list(ids)}
+    if grouping is not None:
+        params["grouping"] = grouping
     for i, r in enumerate(reads):
         params[f"t{i}a"], params[f"t{i}b"] = r.start, r.end
-    n, total = session.execute(text(_version_sql(rows, tuple(r.table for r in reads), key)), params).one()
+    sql = _version_sql(rows, tuple(r.table for r in reads), key, grouping is not None)
+    n, total = session.execute(text(sql), params).one()
     return int(n), int(total)
 
 
@@ -141,7 +152,8 @@ def kept_usage_and_money(
         )
         for device_id, u in today_usage.items():
             was = usage.get(device_id)
-            usage[device_id] = u if was is None else DeviceUsage(device_id, *map(sum, zip(was[1:], u[1:], strict=True)))
+            # Field by field; the device id is the first field of both.
+            usage[device_id] = u if was is None else DeviceUsage._make((device_id, *map(add, was[1:], u[1:])))
         for device_id, m in today_money.items():
             was_money = money.get(device_id)
             money[device_id] = m if was_money is None else plus(was_money, m)

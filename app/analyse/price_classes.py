@@ -201,7 +201,7 @@ def price_classes(fleet: Fleet, pieces: Mapping[int, Sequence[PricePiece]]) -> P
             continue
         runs: list[tuple[int, int, tuple[float, int, float]]] = []
         for piece in pieces[pk]:
-            a, b = int(piece.start.timestamp()), int(piece.end.timestamp())
+            a, b = piece.start_s, piece.end_s
             if b <= a:
                 continue
             rate = piece.usd_per_hour / gpus / 3600

@@ -163,9 +163,9 @@ def series_prices(
         if not gpus and own is None:
             continue  # unpriced with or without its pieces
         # Runs of pieces at one price: where the bill gives way to spot history at the same price, nothing changes.
-        runs: list[tuple[float, float, tuple[float, float, float]]] = []
+        runs: list[tuple[int, int, tuple[float, float, float]]] = []
         for piece in pieces[pk]:
-            a, b = piece.start.timestamp(), piece.end.timestamp()
+            a, b = piece.start_s, piece.end_s
             if b <= lo or a >= hi or b <= a:
                 continue
             rate = piece.usd_per_hour / gpus if gpus else None  # as priced.per_gpu_hour

@@ -9,7 +9,7 @@ rollups once per stretch rather than once per hour.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy import text
@@ -55,6 +55,13 @@ class PricePiece:
     usd_per_hour: float
     source: str
     paid_offline: bool = False
+    start_s: int = field(init=False, repr=False, compare=False)
+    """`start` in epoch seconds: the analysis lays thousands of pieces out by time on every view."""
+    end_s: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "start_s", int(self.start.timestamp()))
+        object.__setattr__(self, "end_s", int(self.end.timestamp()))
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,3 +71,15 @@ def test_a_cut_day_is_read_once_and_again_when_its_rows_change(
         # A new version of the first day's daily rows, as a late batch would write.
         s.execute(text("UPDATE holder_groups_daily SET secs_w = secs_w WHERE day = :d"), {"d": d0})
     assert list(read().values()) == [pytest.approx(24)]  # the first day read again: its hours are gone
+
+
+def test_a_late_batch_for_a_day_before_today_is_counted(analyst: Analyst, feeder: Feeder, d0: datetime) -> None:
+    def held_h() -> float:
+        a = analyst.waste(d0, d0 + 72 * H, now=d0 + 80 * H, by_holder=True, holder_groups=["user"])
+        (ana,) = [r for r in a.group_by(["user"]) if r.label.endswith("ana")]
+        return ana.figures.gpu_hours
+
+    assert held_h() == pytest.approx(60)
+    assert held_h() == pytest.approx(60)  # the days before today, kept
+    _feed(feeder, d0 + 60 * H, 2, by_ana=True)
+    assert held_h() == pytest.approx(62)
