@@ -22,6 +22,7 @@ after its instance was taken for gone. The queries give what the GPUs covered in
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -108,6 +109,27 @@ class SeriesPrices:
             | {"sg": grid.to_bytes(), "sslot": sslot, "slo": slo, "shi": shi}
         )
 
+    def within(self, start: datetime, end: datetime, daily: Sequence[tuple[datetime, datetime]]) -> SeriesPrices:
+        """These prices for a query that reads only [start, end) of their span, with the daily reads `daily`: each run
+        cut to it, the classes those runs use, the mixed days inside `daily`; no paid-offline pieces (`paid_spans`
+        takes them from the whole). As `series_prices` over [start, end) gives them, without going over the pieces
+        again."""
+        lo, hi = int(start.timestamp()), int(end.timestamp())
+        out = SeriesPrices()
+        price = {c: (d, n, p) for (d, n, p), c in self.classes.items()}
+        for pk, runs in self.runs.items():
+            cut = [(max(a, lo), min(b, hi), out.class_of(price[c])) for a, b, c in runs if a < hi and b > lo]
+            if cut:
+                out.runs[pk] = cut
+        days = [(a.timestamp(), b.timestamp()) for a, b in daily]
+        for pk, day in zip(self.mpk, self.mday, strict=True):
+            if any(a <= day.timestamp() < b for a, b in days):
+                out.mpk.append(pk)
+                out.mday.append(day)
+        first, last = int(floor_day(start).timestamp()), int(ceil_day(end).timestamp())
+        out.span = (first, (last - first) // HOUR_S)
+        return out
+
     def class_of(self, price: tuple[float, float, float]) -> int:
         c = self.classes.get(price)
         if c is None:
@@ -164,9 +186,13 @@ def series_prices(
             continue  # unpriced with or without its pieces
         # Runs of pieces at one price: where the bill gives way to spot history at the same price, nothing changes.
         runs: list[tuple[int, int, tuple[float, float, float]]] = []
-        for piece in pieces[pk]:
+        listed = pieces[pk]
+        # Time-ordered and apart: the first piece ending after `lo`, then on until one starts at `hi`.
+        for piece in listed[bisect_right(listed, lo, key=_end_s) :]:
             a, b = piece.start_s, piece.end_s
-            if b <= lo or a >= hi or b <= a:
+            if a >= hi:
+                break
+            if b <= a:
                 continue
             rate = piece.usd_per_hour / gpus if gpus else None  # as priced.per_gpu_hour
             paid = piece.paid_offline and rate is not None
@@ -197,6 +223,10 @@ def series_prices(
         out.mpk.append(pk)
         out.mday.append(datetime.fromtimestamp(day, UTC))
     return out
+
+
+def _end_s(piece: PricePiece) -> int:
+    return piece.end_s
 
 
 def paid_spans(

@@ -247,7 +247,7 @@ def timeline(
                 if not part:
                     continue
                 daily_part = [(a, b) for kind, a, b in part if kind == DAILY]
-                priced = series_prices(fleet, pieces, pks, start=part[0][1], end=part[-1][2], daily=daily_part)
+                priced = prices.within(min(r[1] for r in part), max(r[2] for r in part), daily_part)
                 sql = timeline_sql(bound, tuple(r[0] for r in part), filtered, priced.priced)
                 binds = params | read_params(part) | priced.params()
                 if part is after:
@@ -321,9 +321,7 @@ def row_totals(
         if not part:
             continue
         daily_part = [(read.start, read.end) for read in part if read.table == DAILY]
-        priced = series_prices(
-            fleet, pieces, rows.keys(), start=min(r.start for r in part), end=max(r.end for r in part), daily=daily_part
-        )
+        priced = prices.within(min(r.start for r in part), max(r.end for r in part), daily_part)
         binds: dict[str, Any] = dict(params) | priced.params()
         for n, read in enumerate(part):
             binds[f"t{n}a"], binds[f"t{n}b"] = read.start, read.end
