@@ -267,3 +267,28 @@ def test_pieces_as_query_arrays() -> None:
     # Another instance's pieces, or none at all: the plain queries.
     assert not series_prices(fleet, pieces, {4}, start=d, end=d + 3 * DAY).priced
     assert series_prices(fleet, {}, {3}, start=d, end=d + 3 * DAY).params() == {}
+
+
+def test_a_part_of_the_span_is_priced_as_if_read_alone() -> None:
+    """The days before today and today are queried apart (app/analyse/kept_reads.py): each part's prices, cut from the
+    whole span's, are those `series_prices` gives the part itself."""
+    d = datetime(2026, 3, 2, tzinfo=UTC)
+    inst = InstanceInfo(
+        pk=3, instance_id="i-3", hostname=None, instance_type="p4d.24xlarge", region=None, availability_zone=None,
+        lifecycle="spot", tags={}, agent_version=None, interval_s=None, agent_errors={}, first_seen=d, last_seen=d,
+        price=Price(24.0, 8, 3.0, "catalog"), gpu_model=None, status="online", tracked_until=d,
+    )  # fmt: skip
+    fleet = Fleet(instances={3: inst}, gpus={}, slices={}, options=FilterOptions([], [], [], []), total_instances=1)
+    pieces = {
+        3: [
+            PricePiece(d + 4 * H, d + 10 * H, 32.0, BILLED),
+            PricePiece(d + 10 * H, d + 30 * H, 40.0, SPOT_HISTORY),
+            PricePiece(d + 30 * H, d + 60 * H, 16.0, BILLED, paid_offline=True),
+        ]
+    }
+    whole = series_prices(fleet, pieces, {3}, start=d, end=d + 3 * DAY, daily=[(d, d + 3 * DAY)])
+
+    for a, b, daily in ((d, d + 2 * DAY, [(d, d + 2 * DAY)]), (d + 2 * DAY, d + 3 * DAY, [(d + 2 * DAY, d + 3 * DAY)])):
+        alone = series_prices(fleet, pieces, {3}, start=a, end=b, daily=daily)
+        # What the query is given: the classes, the grid of each hour's class, the mixed days.
+        assert whole.within(a, b, daily).params() == alone.params()
