@@ -231,7 +231,7 @@ def held_values(
         kept: list[ValueSums] | None = KEPT.get(key)
         if kept is None:
             kept = _held(session, before, base, classes, idle_util_pct)
-            KEPT.put(key, kept)
+            KEPT.put(key, kept, len(kept))
         found += kept
     if after:
         found += _held(session, after, base, classes, idle_util_pct)

@@ -36,12 +36,17 @@ _TABLES = {
 
 
 class KeptReads:
-    """The latest `limit` results kept, by key (what was read, how, and the version of its rows and prices)."""
+    """Results kept by key (what was read, how, and the version of its rows and prices), the least recently used
+    dropped first: at most `limit` results and `rows` rows in all (a result's rows: its devices, its chart rows and
+    buckets, its values; about 1 KB each for the window analysis's devices, so the default keeps about 80 MB at
+    most)."""
 
-    def __init__(self, limit: int = 32) -> None:
+    def __init__(self, limit: int = 32, rows: int = 80_000) -> None:
         self._lock = threading.Lock()
         self._limit = limit
-        self._found: OrderedDict[Hashable, Any] = OrderedDict()
+        self._rows_limit = rows
+        self._found: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        self._rows = 0
 
     def __len__(self) -> int:
         return len(self._found)
@@ -49,16 +54,24 @@ class KeptReads:
     def get(self, key: Hashable) -> Any | None:
         with self._lock:
             found = self._found.get(key)
-            if found is not None:
-                self._found.move_to_end(key)
-            return found
-
-    def put(self, key: Hashable, value: Any) -> None:
-        with self._lock:
-            self._found[key] = value
+            if found is None:
+                return None
             self._found.move_to_end(key)
-            while len(self._found) > self._limit:
-                self._found.popitem(last=False)
+            return found[0]
+
+    def put(self, key: Hashable, value: Any, rows: int) -> None:
+        """Keep `value`, of `rows` rows; one larger than the whole limit is not kept."""
+        with self._lock:
+            if rows > self._rows_limit:
+                return
+            old = self._found.pop(key, None)
+            if old is not None:
+                self._rows -= old[1]
+            self._found[key] = (value, rows)
+            self._rows += rows
+            while len(self._found) > self._limit or self._rows > self._rows_limit:
+                _key, (_value, n) = self._found.popitem(last=False)
+                self._rows -= n
 
 
 KEPT = KeptReads()
@@ -144,7 +157,7 @@ def kept_usage_and_money(
     found: tuple[dict[int, DeviceUsage], dict[int, DeviceMoney]] | None = kept.get(key)
     if found is None:
         found = usage_and_money(session, devices, classes, before, idle_util_pct=idle_util_pct, device_ids=device_ids)
-        kept.put(key, found)
+        kept.put(key, found, len(found[0]))
     usage, money = dict(found[0]), dict(found[1])
     if after:
         today_usage, today_money = usage_and_money(
@@ -189,5 +202,5 @@ def kept_fetch(
     found: list[tuple[Any, ...]] | None = kept.get(key)
     if found is None:
         found = fetch_binary(session, sql, params)
-        kept.put(key, found)
+        kept.put(key, found, len(found))
     return found

@@ -124,3 +124,17 @@ def test_window_totals_follow_a_late_write_to_a_day_before_today(
     assert totals() == first
     _feed(feeder, d0 + 40 * H, 2)
     assert totals() == (pytest.approx(38), pytest.approx(10 * 0.40 + 0.55 + 19 * 0.70 + 8 * 0.55))
+
+
+def test_the_least_recently_used_go_first_past_either_bound() -> None:
+    kept = KeptReads(limit=3, rows=100)
+    kept.put("a", 1, 40)
+    kept.put("b", 2, 40)
+    assert kept.get("a") == 1  # now the most recent
+    kept.put("c", 3, 40)  # 120 rows: the least recently used, b, goes
+    assert (kept.get("a"), kept.get("b"), kept.get("c")) == (1, None, 3)
+    kept.put("d", 4, 1)
+    kept.put("e", 5, 1)  # four results: a, the least recently used now, goes
+    assert [kept.get(k) for k in "acde"] == [None, 3, 4, 5]
+    kept.put("f", 6, 101)  # larger than the whole bound: not kept, nothing dropped
+    assert kept.get("f") is None and len(kept) == 3
