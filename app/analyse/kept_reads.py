@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
 from operator import add
@@ -181,26 +181,22 @@ def params_key(params: Mapping[str, Any]) -> Hashable:
 def kept_fetch(
     session: Session,
     sql: str,
-    params: Mapping[str, Any],
+    key: Hashable,
+    params: Callable[[], Mapping[str, Any]],
     *,
     rows: str,
     reads: Sequence[RollupRead],
     ids: Sequence[int] | None = None,
     kept: KeptReads | None = None,
 ) -> list[tuple[Any, ...]]:
-    """The rows of `sql` with `params` (app/db.py `fetch_binary`), a query that reads only the rollup rows of
+    """The rows of `sql` with `params()` (app/db.py `fetch_binary`), a query that reads only the rollup rows of
     `reads` (before today: `split_reads`) of `rows` ("device" or "instance"; `ids`: only those), kept while those
-    rows stay as they were."""
+    rows stay as they were. `key`: all the parameters depend on (made only when the query runs: a price grid is
+    larger than what it is made from)."""
     kept = KEPT if kept is None else kept
-    key = (
-        "rows",
-        str(session.get_bind().engine.url),
-        sql,
-        params_key(params),
-        rows_version(session, rows, reads, ids=ids),
-    )
-    found: list[tuple[Any, ...]] | None = kept.get(key)
+    whole_key = ("rows", str(session.get_bind().engine.url), sql, key, rows_version(session, rows, reads, ids=ids))
+    found: list[tuple[Any, ...]] | None = kept.get(whole_key)
     if found is None:
-        found = fetch_binary(session, sql, params)
-        kept.put(key, found, len(found))
+        found = fetch_binary(session, sql, params())
+        kept.put(whole_key, found, len(found))
     return found

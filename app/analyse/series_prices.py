@@ -23,7 +23,7 @@ after its instance was taken for gone. The queries give what the GPUs covered in
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -107,6 +107,19 @@ class SeriesPrices:
             {name: getattr(self, name) for name, _t in (*CLASS_ARRAYS, *MIXED_ARRAYS)}
             | section_params("sg", first, n, start, HOUR_S)
             | {"sg": grid.to_bytes(), "sslot": sslot, "slo": slo, "shi": shi}
+        )
+
+    def signature(self) -> Hashable:
+        """What the query parameters are made of (classes, runs, span, mixed days): equal signatures, equal
+        parameters."""
+        return (
+            tuple(self.cdelta),
+            tuple(self.cdnp),
+            tuple(self.cpay),
+            tuple((pk, tuple(runs)) for pk, runs in sorted(self.runs.items())),
+            self.span,
+            tuple(self.mpk),
+            tuple(self.mday),
         )
 
     def within(self, start: datetime, end: datetime, daily: Sequence[tuple[datetime, datetime]]) -> SeriesPrices:

@@ -24,7 +24,7 @@ which differs in pricing only where it keeps an instance whose GPU changed MIG m
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -47,8 +47,8 @@ from .device_series import (
 )
 from .fleet import Fleet
 from .instance_series import instance_params, instance_rows, timeline_sql, totals_sql
-from .kept_reads import kept_fetch, split_reads
-from .series_prices import PaidSpan, load_pieces, paid_spans, series_prices, spread
+from .kept_reads import kept_fetch, params_key, split_reads
+from .series_prices import PaidSpan, SeriesPrices, load_pieces, paid_spans, series_prices, spread
 from .states import ACTIVE, IDLE, IDLE_HELD, OFFLINE, UNKNOWN, UNPARTITIONED, Thresholds
 from .window import DAY, HOUR, RollupRead, Window, floor_day, floor_hour
 from .window import HOURLY as ROLLUP_HOURLY
@@ -162,6 +162,11 @@ class Timeline:
         return out
 
 
+def _binds(plain: Mapping[str, Any], priced: SeriesPrices) -> Callable[[], dict[str, Any]]:
+    """The query's parameters, made when asked: the price grid only when the query runs."""
+    return lambda: dict(plain) | priced.params()
+
+
 def _split(rs: Sequence[Read], today: datetime) -> tuple[list[Read], list[Read]]:
     """The timeline's reads cut at `today` (a UTC midnight): those before it, and those from it on. Only a daily or
     an hourly read can cross a midnight; a partial day's hours lie within one day."""
@@ -249,12 +254,14 @@ def timeline(
                 daily_part = [(a, b) for kind, a, b in part if kind == DAILY]
                 priced = prices.within(min(r[1] for r in part), max(r[2] for r in part), daily_part)
                 sql = timeline_sql(bound, tuple(r[0] for r in part), filtered, priced.priced)
-                binds = params | read_params(part) | priced.params()
+                plain = params | read_params(part)
                 if part is after:
-                    rows += fetch_binary(session, sql, binds)
+                    rows += fetch_binary(session, sql, plain | priced.params())
                 else:  # the days before today: kept while their rows stay as they are
                     ids = params["pk"] if filtered else None
-                    rows += kept_fetch(session, sql, binds, rows="instance", reads=_rollup_reads(part), ids=ids)
+                    key = (params_key(plain), priced.signature())
+                    binds = _binds(plain, priced)
+                    rows += kept_fetch(session, sql, key, binds, rows="instance", reads=_rollup_reads(part), ids=ids)
     else:
         params, spans = device_arrays(fleet, start=start, end=end, now=now, row_of=row_index)
         if params["ids"] and starts:
@@ -322,14 +329,15 @@ def row_totals(
             continue
         daily_part = [(read.start, read.end) for read in part if read.table == DAILY]
         priced = prices.within(min(r.start for r in part), max(r.end for r in part), daily_part)
-        binds: dict[str, Any] = dict(params) | priced.params()
+        plain: dict[str, Any] = dict(params)
         for n, read in enumerate(part):
-            binds[f"t{n}a"], binds[f"t{n}b"] = read.start, read.end
+            plain[f"t{n}a"], plain[f"t{n}b"] = read.start, read.end
         sql = totals_sql(bound, tuple((read.table, read.sign) for read in part), priced.priced)
         if part is after:
-            got = fetch_binary(session, sql, binds)
+            got = fetch_binary(session, sql, plain | priced.params())
         else:  # the days before today: kept while their rows stay as they are
-            got = kept_fetch(session, sql, binds, rows="instance", reads=part)
+            key = (params_key(plain), priced.signature())
+            got = kept_fetch(session, sql, key, _binds(plain, priced), rows="instance", reads=part)
         for r, *values, covered_usd in got:
             figures = BucketFigures(*values)
             if r in found:
