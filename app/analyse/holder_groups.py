@@ -107,6 +107,7 @@ class HeldValues:
 
 
 _SLOT = slot_sql("islot", "instance_pk", "ilo", "ihi")
+"""A row's instance's slot in the grid (0: none)."""
 _HELD_ARRAYS = (
     ("hpk", "int8"),
     ("hkey", "int4"),
@@ -115,7 +116,6 @@ _HELD_ARRAYS = (
     *((name, "float8") for name in ("hs", "hk", "hu", "hb", "hz")),
 )
 """The held days' lists (`_held_params`) and their types."""
-"""A row's instance's slot in the grid (0: none)."""
 
 
 @lru_cache(maxsize=64)
@@ -217,7 +217,6 @@ def held_values(
     before, after = split_reads(reads, floor_day(window.now))
     found: list[ValueSums] = []
     if before:
-        priced = classes is not None and classes.priced
         span = int(min(r.start for r in before).timestamp()), int(max(r.end for r in before).timestamp())
         key = (
             "held values",
@@ -225,7 +224,7 @@ def held_values(
             idle_util_pct,
             tuple(before),
             params_key(base),
-            classes.span_signature(*span) if priced and classes is not None else None,
+            classes.span_signature(*span) if classes is not None and classes.priced else None,
             rows_version(session, "holder", before, grouping=grouping),
         )
         kept: list[ValueSums] | None = KEPT.get(key)
