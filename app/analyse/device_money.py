@@ -66,37 +66,22 @@ def plus(a: Sequence[float], b: Sequence[float]) -> DeviceMoney:
     return DeviceMoney._make(map(add, a, b))
 
 
-Fingerprint = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
-"""A device's mixed days in a read, their rows' versions and their prices' signatures."""
-
-
 class MixedDays:
     """Sums of the mixed device-days read so far in this process, per database and idle bound (a scope), by
-    device-day, with the daily row's version and the day's price signature they were read at; and, per device, the
-    sum of its mixed days in the last read, under their fingerprint, so a view like the last one looks each device up
-    once. Bounded: past `limit` device-days (about 730 bytes each; a 30-day window of 300 instances with spot prices
-    changing every one to three days keeps about 13,000) it starts again empty."""
+    device-day, with the daily row's version and the day's price signature they were read at. Bounded: past `limit`
+    device-days (about 730 bytes each; a 30-day window of 300 instances with spot prices changing every one to three
+    days keeps about 13,000) it starts again empty."""
 
     def __init__(self, limit: int = 100_000) -> None:
         self._lock = threading.Lock()
         self._limit = limit
         # Keys of plain ints: a page view looks up thousands, and hashing a datetime costs ten times more.
         self._sums: dict[tuple[str, int], dict[DayKey, tuple[int, int, DeviceMoney]]] = {}
-        self._whole: dict[tuple[str, int], dict[int, tuple[Fingerprint, DeviceMoney]]] = {}
         self._count = 0
 
     def __len__(self) -> int:
         """Device-days kept."""
         return self._count
-
-    def whole(self, scope: tuple[str, int], device: int, fingerprint: Fingerprint) -> DeviceMoney | None:
-        """The sum of the device's mixed days kept under `fingerprint`; None when it was last read otherwise."""
-        found = self._whole.get(scope, {}).get(device)
-        return found[1] if found is not None and found[0] == fingerprint else None
-
-    def put_whole(self, scope: tuple[str, int], entries: Mapping[int, tuple[Fingerprint, DeviceMoney]]) -> None:
-        with self._lock:
-            self._whole.setdefault(scope, {}).update(entries)
 
     def get_all(
         self,
@@ -125,7 +110,6 @@ class MixedDays:
         with self._lock:
             if self._count + len(entries) > self._limit:
                 self._sums.clear()
-                self._whole.clear()
                 self._count = 0
             kept = self._sums.setdefault(scope, {})
             before = len(kept)
@@ -301,8 +285,6 @@ def usage_and_money(
     out: dict[int, DeviceMoney] = {}
     scope = (str(session.get_bind().engine.url), idle_util_pct)
     wanted: list[tuple[DayKey, int, int]] = []
-    # Devices whose mixed days were not summed as in the last read: their sum, completed below, is kept.
-    summed: dict[int, tuple[Fingerprint, DeviceMoney]] = {}
     mixed = classes.mixed
     n_usage = len(DeviceUsage._fields)
     for row in fetch_binary(session, sql, params):
@@ -311,14 +293,11 @@ def usage_and_money(
         sums: Sequence[float] = row[n_usage:-2]
         if days:
             pk = devices[device_id]
-            fingerprint = (tuple(days), tuple(versions), tuple([mixed[(pk, day)] for day in days]))
-            days_sum = memo.whole(scope, device_id, fingerprint)
-            if days_sum is None:
-                kept = memo.get_all(scope, device_id, days, versions, fingerprint[2], missing=wanted)
+            sigs = [mixed[(pk, day)] for day in days]
+            kept = memo.get_all(scope, device_id, days, versions, sigs, missing=wanted)
+            if kept:
                 # Column by column (zip transposes the kept days' sums): one C-level sum per column.
-                days_sum = DeviceMoney(*map(sum, zip(*kept, strict=True))) if kept else ZERO
-                summed[device_id] = (fingerprint, days_sum)
-            sums = plus(sums, days_sum)
+                sums = [a + sum(column) for a, column in zip(sums, zip(*kept, strict=True), strict=True)]
         out[device_id] = DeviceMoney(*sums)
     if wanted:
         read = _read_days(session, devices, classes, [key for key, _v, _s in wanted], idle_util_pct)
@@ -326,10 +305,6 @@ def usage_and_money(
         memo.put(scope, entries)
         for key, _version, _sig, day_sums in entries:
             out[key[0]] = plus(out[key[0]], day_sums)
-            fingerprint, days_sum = summed[key[0]]
-            summed[key[0]] = (fingerprint, plus(days_sum, day_sums))
-    if summed:
-        memo.put_whole(scope, summed)
     return usage, out
 
 

@@ -198,19 +198,24 @@ def test_the_job_outlives_a_failing_round_and_says_why(
     assert "alert evaluation: the round works again" in said
 
 
-def test_an_idle_gpu_fed_through_ingest_becomes_one_incident_and_one_message(
-    feeder: Feeder, sessions: sessionmaker[Session], alert_settings: Settings
-) -> None:
-    start = feeder.t0
+def _forgotten_g5(feeder: Feeder, **extra: Any) -> datetime:
+    """A g5.xlarge's GPU idle for 3 hours from the feeder's start, fed through ingest; that start."""
     feeder.feed(
         [gpu(0, uid="GPU-g5", name="NVIDIA A10G")],
-        start=start,
+        start=feeder.t0,
         hours=3,
         fn=idle,
         instance_id="i-0f00000000000000d",
         instance_type="g5.xlarge",
-        tags={"team": "ml", "Name": "forgotten-g5"},
+        **extra,
     )
+    return feeder.t0
+
+
+def test_an_idle_gpu_fed_through_ingest_becomes_one_incident_and_one_message(
+    feeder: Feeder, sessions: sessionmaker[Session], alert_settings: Settings
+) -> None:
+    start = _forgotten_g5(feeder, tags={"team": "ml", "Name": "forgotten-g5"})
     now = start + timedelta(hours=3)
     _rule(sessions, "forgotten-gpus", for_hours=2, scope=Scope(instance_types=("g5.xlarge",)))
     for minutes in (0, 1, 2):
@@ -229,15 +234,7 @@ def test_an_idle_gpu_fed_through_ingest_becomes_one_incident_and_one_message(
 def test_the_server_finder_prices_with_the_servers_pricer(
     feeder: Feeder, sessions: sessionmaker[Session], alert_settings: Settings
 ) -> None:
-    start = feeder.t0
-    feeder.feed(
-        [gpu(0, uid="GPU-g5", name="NVIDIA A10G")],
-        start=start,
-        hours=3,
-        fn=idle,
-        instance_id="i-0f00000000000000d",
-        instance_type="g5.xlarge",
-    )
+    start = _forgotten_g5(feeder)
     _rule(sessions, "forgotten-gpus", for_hours=2)
     # The server read its price file at start: $2 an hour for a g5.xlarge, where the catalog says about $1.
     pricer = Pricer(PriceConfig(instance_types={"g5.xlarge": TypePrice(usd_per_hour=2.0)}))

@@ -236,16 +236,21 @@ def test_the_pages_add_up_to_the_window_analysis(
     assert get_json("/heatmap/week?window=7d")["total_usd"] == pytest.approx(totals["waste"])
 
 
-def test_pieces_as_query_arrays() -> None:
-    """A piece at the instance's own price changes nothing; two touching pieces at one price are one run; a boundary
-    off midnight cuts its day, if the query reads that day's daily row."""
-    d = datetime(2026, 3, 2, tzinfo=UTC)
+def _spot_p4d(d: datetime) -> Fleet:
+    """A fleet of one spot p4d.24xlarge (instance pk 3) at its catalog price, $24/h for 8 GPUs."""
     inst = InstanceInfo(
         pk=3, instance_id="i-3", hostname=None, instance_type="p4d.24xlarge", region=None, availability_zone=None,
         lifecycle="spot", tags={}, agent_version=None, interval_s=None, agent_errors={}, first_seen=d, last_seen=d,
         price=Price(24.0, 8, 3.0, "catalog"), gpu_model=None, status="online", tracked_until=d,
     )  # fmt: skip
-    fleet = Fleet(instances={3: inst}, gpus={}, slices={}, options=FilterOptions([], [], [], []), total_instances=1)
+    return Fleet(instances={3: inst}, gpus={}, slices={}, options=FilterOptions([], [], [], []), total_instances=1)
+
+
+def test_pieces_as_query_arrays() -> None:
+    """A piece at the instance's own price changes nothing; two touching pieces at one price are one run; a boundary
+    off midnight cuts its day, if the query reads that day's daily row."""
+    d = datetime(2026, 3, 2, tzinfo=UTC)
+    fleet = _spot_p4d(d)
     pieces = {
         3: [
             PricePiece(d, d + 4 * H, 24.0, BILLED),
@@ -273,12 +278,7 @@ def test_a_part_of_the_span_is_priced_as_if_read_alone() -> None:
     """The days before today and today are queried apart (app/analyse/kept_reads.py): each part's prices, cut from the
     whole span's, are those `series_prices` gives the part itself."""
     d = datetime(2026, 3, 2, tzinfo=UTC)
-    inst = InstanceInfo(
-        pk=3, instance_id="i-3", hostname=None, instance_type="p4d.24xlarge", region=None, availability_zone=None,
-        lifecycle="spot", tags={}, agent_version=None, interval_s=None, agent_errors={}, first_seen=d, last_seen=d,
-        price=Price(24.0, 8, 3.0, "catalog"), gpu_model=None, status="online", tracked_until=d,
-    )  # fmt: skip
-    fleet = Fleet(instances={3: inst}, gpus={}, slices={}, options=FilterOptions([], [], [], []), total_instances=1)
+    fleet = _spot_p4d(d)
     pieces = {
         3: [
             PricePiece(d + 4 * H, d + 10 * H, 32.0, BILLED),
